@@ -1,0 +1,4 @@
+//! Safe, synchronous core of evchan.
+#![deny(unsafe_code)]
+
+mod ffi;

@@ -1,0 +1,163 @@
+//! Raw file-descriptor helpers: `O_NONBLOCK`, `poll(2)` with a timeout, `EINTR` retry.
+//!
+//! Both event channels are plain file descriptors (`rdma_event_channel::fd`,
+//! `ibv_comp_channel::fd`). These helpers work on any [`BorrowedFd`] and are safe: the borrow
+//! guarantees the descriptor is open for the duration of the call.
+
+use std::io;
+use std::os::fd::{AsRawFd, BorrowedFd};
+use std::time::{Duration, Instant};
+
+use crate::cvt;
+
+/// Reads the `O_NONBLOCK` flag of `fd` (`fcntl(F_GETFL)`).
+///
+/// # Errors
+/// The `fcntl` error, e.g. `EBADF`.
+pub fn is_nonblocking(fd: BorrowedFd<'_>) -> io::Result<bool> {
+    // SAFETY: F_GETFL takes no argument; `fd` is open for the borrow's lifetime.
+    let flags = cvt(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GETFL) })?;
+    Ok(flags & libc::O_NONBLOCK != 0)
+}
+
+/// Sets (`true`) or clears (`false`) `O_NONBLOCK` on `fd` (`fcntl(F_GETFL/F_SETFL)`).
+///
+/// Other status flags are kept. Idempotent.
+///
+/// # Errors
+/// The `fcntl` error, e.g. `EBADF`.
+pub fn set_nonblocking(fd: BorrowedFd<'_>, nonblocking: bool) -> io::Result<()> {
+    let raw = fd.as_raw_fd();
+    // SAFETY: F_GETFL takes no argument; `fd` is open for the borrow's lifetime.
+    let flags = cvt(unsafe { libc::fcntl(raw, libc::F_GETFL) })?;
+    let new = if nonblocking {
+        flags | libc::O_NONBLOCK
+    } else {
+        flags & !libc::O_NONBLOCK
+    };
+    if new != flags {
+        // SAFETY: F_SETFL takes an int of status flags; `fd` is open for the borrow's lifetime.
+        cvt(unsafe { libc::fcntl(raw, libc::F_SETFL, new) })?;
+    }
+    Ok(())
+}
+
+/// Waits until `fd` is readable, or the timeout passes (`poll(2)` on `POLLIN`).
+///
+/// `None` waits forever. Returns `Ok(true)` when readable (or in error/hang-up state, so that the
+/// following read reports the error), `Ok(false)` on timeout. `EINTR` is retried with the time
+/// that is left, so a signal never shortens nor lengthens the wait.
+///
+/// # Errors
+/// The `poll` error other than `EINTR`.
+pub fn poll_readable(fd: BorrowedFd<'_>, timeout: Option<Duration>) -> io::Result<bool> {
+    let deadline = timeout.map(|t| Instant::now() + t);
+    loop {
+        let ms = match deadline {
+            None => -1,
+            Some(d) => millis_until(d),
+        };
+        let mut pfd = libc::pollfd {
+            fd: fd.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: `pfd` is one valid, initialised pollfd and we pass a count of 1.
+        let n = unsafe { libc::poll(&mut pfd, 1, ms) };
+        match n {
+            n if n > 0 => return Ok(true),
+            0 => return Ok(false),
+            _ => {
+                let err = io::Error::last_os_error();
+                if err.kind() != io::ErrorKind::Interrupted {
+                    return Err(err);
+                }
+            }
+        }
+    }
+}
+
+/// Milliseconds from now until `deadline`, rounded up so that a wait never ends early, capped to
+/// `c_int::MAX`.
+fn millis_until(deadline: Instant) -> libc::c_int {
+    let left = deadline.saturating_duration_since(Instant::now());
+    let ms = left.as_nanos().div_ceil(1_000_000);
+    libc::c_int::try_from(ms).unwrap_or(libc::c_int::MAX)
+}
+
+/// Runs `f` until it returns something other than an `EINTR` error.
+///
+/// # Errors
+/// Whatever `f` returns, except `EINTR`.
+pub fn retry_eintr<T>(mut f: impl FnMut() -> io::Result<T>) -> io::Result<T> {
+    loop {
+        match f() {
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            other => return other,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+    use std::os::fd::AsFd;
+    use std::os::unix::net::UnixStream;
+
+    #[test]
+    fn nonblocking_round_trip() {
+        let (a, _b) = UnixStream::pair().unwrap();
+        assert!(!is_nonblocking(a.as_fd()).unwrap());
+        set_nonblocking(a.as_fd(), true).unwrap();
+        assert!(is_nonblocking(a.as_fd()).unwrap());
+        set_nonblocking(a.as_fd(), true).unwrap();
+        assert!(is_nonblocking(a.as_fd()).unwrap());
+        set_nonblocking(a.as_fd(), false).unwrap();
+        assert!(!is_nonblocking(a.as_fd()).unwrap());
+    }
+
+    #[test]
+    fn poll_times_out_then_sees_data() {
+        let (a, mut b) = UnixStream::pair().unwrap();
+        let start = Instant::now();
+        assert!(!poll_readable(a.as_fd(), Some(Duration::from_millis(30))).unwrap());
+        assert!(start.elapsed() >= Duration::from_millis(30), "poll returned early");
+        b.write_all(b"x").unwrap();
+        assert!(poll_readable(a.as_fd(), Some(Duration::ZERO)).unwrap());
+        assert!(poll_readable(a.as_fd(), None).unwrap());
+    }
+
+    #[test]
+    fn poll_reports_hangup_as_readable() {
+        let (a, b) = UnixStream::pair().unwrap();
+        drop(b);
+        assert!(poll_readable(a.as_fd(), Some(Duration::from_millis(10))).unwrap());
+    }
+
+    #[test]
+    fn millis_round_up_and_cap() {
+        let past = Instant::now();
+        std::thread::sleep(Duration::from_millis(1));
+        assert_eq!(millis_until(past), 0);
+        assert!(millis_until(Instant::now() + Duration::from_micros(10)) >= 1);
+        let far = Instant::now() + Duration::from_secs(u64::from(u32::MAX));
+        assert_eq!(millis_until(far), libc::c_int::MAX);
+    }
+
+    #[test]
+    fn retry_eintr_retries_only_eintr() {
+        let mut n = 0;
+        let r = retry_eintr(|| {
+            n += 1;
+            if n < 3 {
+                Err(io::Error::from_raw_os_error(libc::EINTR))
+            } else {
+                Ok(n)
+            }
+        });
+        assert_eq!(r.unwrap(), 3);
+        let e = retry_eintr::<()>(|| Err(io::Error::from_raw_os_error(libc::EAGAIN))).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::EAGAIN));
+    }
+}

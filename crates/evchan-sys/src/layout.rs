@@ -1,0 +1,1 @@
+//! Layout checks of the C structs evchan reads, against the installed rdma-core headers.

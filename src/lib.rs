@@ -1,0 +1,1 @@
+//! Placeholder: this package only owns examples/ and benches/.
