@@ -1,1 +1,118 @@
-fn main() {}
+//! evchan's developer tasks, run as `cargo xtask <task>`.
+//!
+//! - `setup`: install the Debian packages the project needs, fetch and unpack the VM's kernel.
+//! - `vm`: run a command inside a soft-RoCE VM (one host, or two on a virtual wire).
+//! - `test`: the whole ladder: formatting, lints, native tests, device tests in the VM.
+//! - `demo`: a smoke program through the layers, in the VM (or natively on an RDMA host).
+
+mod cargo;
+mod setup;
+mod test;
+mod vm;
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+const USAGE: &str = "\
+usage: cargo xtask <task> [options]
+
+tasks:
+  setup                 install missing Debian packages (as root; otherwise print the apt-get
+                        line) and fetch + unpack the VM kernel into target/evchan-vm/
+  vm [OPTS] -- CMD...   run CMD inside a soft-RoCE VM on the host's filesystem and exit with its
+                        status. rxe0 sits on dummy0 with 169.254.77.1 and fe80::ff:fe00:1%dummy0;
+                        EVCHAN_SELF and EVCHAN_SELF6 hold them.
+      --hosts 2         boot two VMs joined by a virtual wire (rxe0 on eth0 in each): the --server
+                        command runs in VM a, CMD (the client) in VM b once a cm_id listens in a.
+                        EVCHAN_SELF / EVCHAN_PEER hold the link-local addresses (fe80::ff:fe00:a
+                        and fe80::ff:fe00:b, on eth0).
+      --server SHELLCMD the server side's command (with --hosts 2), a shell command line
+      --env K=V         set a variable for the command (repeatable); EVCHAN_* and RUST_*
+                        variables of the caller are passed on by themselves
+      --timeout SECS    kill the VM(s) after SECS (default 1200) and fail with the console's tail
+      -v, --verbose     print the guest's boot console too
+  test [--vm]           fmt, clippy, docs, native tests, then the device tests in the VM with
+                        EVCHAN_REQUIRE_DEVICE=1 (natively instead when this host has an ACTIVE
+                        RDMA port, unless --vm); ends with `N passed, N failed`
+  demo [--vm]           build examples/demo.rs and run it against a device (the VM by default)
+";
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let Some((task, rest)) = args.split_first() else {
+        eprint!("{USAGE}");
+        return ExitCode::from(2);
+    };
+    let result = match task.as_str() {
+        "setup" => setup::run(rest).map(|()| 0),
+        "vm" => vm::cli(rest),
+        "test" => test::run(rest),
+        "demo" => test::demo(rest),
+        "-h" | "--help" | "help" => {
+            print!("{USAGE}");
+            Ok(0)
+        }
+        other => Err(format!("unknown task `{other}`\n\n{USAGE}")),
+    };
+    match result {
+        Ok(code) => ExitCode::from(u8::try_from(code.clamp(0, 255)).unwrap_or(1)),
+        Err(msg) => {
+            eprintln!("xtask: {msg}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// The task's error: one message that says what is wrong and how to fix it.
+type Result<T, E = String> = std::result::Result<T, E>;
+
+/// The workspace root (two levels above this crate's manifest).
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .ancestors()
+        .nth(2)
+        .expect("crates/xtask sits two levels below the workspace root")
+        .to_path_buf()
+}
+
+/// Cargo's target directory: `CARGO_TARGET_DIR` when set, else `target/` in the workspace.
+fn target_dir() -> PathBuf {
+    match std::env::var_os("CARGO_TARGET_DIR") {
+        Some(dir) => {
+            let dir = PathBuf::from(dir);
+            if dir.is_absolute() {
+                dir
+            } else {
+                root().join(dir)
+            }
+        }
+        None => root().join("target"),
+    }
+}
+
+/// Whether this process runs as root (`id -u` is 0), without any unsafe code.
+fn is_root() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("Uid:"))
+                .and_then(|l| l.split_whitespace().nth(1).map(|u| u == "0"))
+        })
+        .unwrap_or(false)
+}
+
+/// Whether this host itself has an RDMA port in state ACTIVE (a real NIC or an rxe link), so
+/// device tests may run natively.
+fn host_has_active_rdma_port() -> bool {
+    let Ok(devices) = std::fs::read_dir("/sys/class/infiniband") else {
+        return false;
+    };
+    devices.flatten().any(|dev| {
+        std::fs::read_dir(dev.path().join("ports")).is_ok_and(|ports| {
+            ports.flatten().any(|p| {
+                std::fs::read_to_string(p.path().join("state")).is_ok_and(|s| s.contains("ACTIVE"))
+            })
+        })
+    })
+}

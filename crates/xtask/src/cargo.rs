@@ -1,0 +1,1 @@
+//! Running cargo and reading its test results.

@@ -1,0 +1,87 @@
+#!/bin/sh
+# Runs inside the VM, chrooted into the host's filesystem, as `sh guest.sh ROLE`.
+# ROLE: single (one VM, rxe0 on dummy0), a (server of two VMs), b (client of two VMs).
+# The runner puts beside this file: env (exports), cwd (a path), and the job scripts
+# job.single / job.a / job.b. All paths are the host's, so binaries built there run unchanged.
+role="$1"
+here="$(dirname "$0")"
+export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
+export HOME=/root
+ulimit -l unlimited
+
+say() { echo "evchan-vm[$role]: $*" >&2; }
+
+# Addresses appear usable at once: no duplicate address detection on our private links.
+echo 0 >/proc/sys/net/ipv6/conf/default/accept_dad
+echo 0 >/proc/sys/net/ipv6/conf/all/accept_dad
+ip link set lo up
+
+case "$role" in
+single)
+    # the dummy module may already have made dummy0 (numdummies defaults to 1)
+    ip link show dummy0 >/dev/null 2>&1 || ip link add dummy0 type dummy
+    ip link set dummy0 address 02:00:00:00:00:01
+    ip link set dummy0 up
+    ip addr add 169.254.77.1/32 dev dummy0
+    netdev=dummy0
+    export EVCHAN_SELF=169.254.77.1 EVCHAN_SELF6=fe80::ff:fe00:1%dummy0
+    ;;
+a | b)
+    if [ "$role" = a ]; then mine=0a peer=0b; else mine=0b peer=0a; fi
+    ip link set eth0 address "02:00:00:00:00:$mine"
+    ip link set eth0 up
+    netdev=eth0
+    export EVCHAN_SELF="fe80::ff:fe00:$mine%eth0" EVCHAN_PEER="fe80::ff:fe00:$peer%eth0"
+    ;;
+*)
+    say "unknown role $role"
+    exit 125
+    ;;
+esac
+
+rdma link add rxe0 type rxe netdev "$netdev" || { say "rdma link add failed"; exit 125; }
+i=0
+until rdma link show rxe0/1 2>/dev/null | grep -q 'state ACTIVE'; do
+    i=$((i + 1))
+    [ "$i" -lt 100 ] || { say "rxe0 never became ACTIVE"; rdma link show; exit 125; }
+    sleep 0.1
+done
+# The link-local IPv6 address and its GID appear a moment after the link is up.
+i=0
+until ip -6 addr show dev "$netdev" | grep -q 'fe80::ff:fe00'; do
+    i=$((i + 1))
+    [ "$i" -lt 100 ] || { say "no IPv6 link-local address on $netdev"; exit 125; }
+    sleep 0.1
+done
+
+. "$here/env"
+cd "$(cat "$here/cwd")" || exit 125
+
+case "$role" in
+single)
+    sh "$here/job.single"
+    ;;
+a)
+    sh "$here/job.a" &
+    server=$!
+    # Ready once a cm_id listens (or the server already ended); then tell the client's VM.
+    i=0
+    until rdma resource show cm_id 2>/dev/null | grep -q 'state LISTEN'; do
+        kill -0 "$server" 2>/dev/null || break
+        i=$((i + 1))
+        [ "$i" -lt 600 ] || { say "the server never listened"; break; }
+        sleep 0.1
+    done
+    : >"$here/ready"
+    wait "$server"
+    ;;
+b)
+    i=0
+    until [ -e "$here/ready" ]; do
+        i=$((i + 1))
+        [ "$i" -lt 1200 ] || { say "the server VM never became ready"; exit 125; }
+        sleep 0.1
+    done
+    sh "$here/job.b"
+    ;;
+esac
