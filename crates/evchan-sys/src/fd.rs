@@ -122,7 +122,10 @@ mod tests {
         let (a, mut b) = UnixStream::pair().unwrap();
         let start = Instant::now();
         assert!(!poll_readable(a.as_fd(), Some(Duration::from_millis(30))).unwrap());
-        assert!(start.elapsed() >= Duration::from_millis(30), "poll returned early");
+        assert!(
+            start.elapsed() >= Duration::from_millis(30),
+            "poll returned early"
+        );
         b.write_all(b"x").unwrap();
         assert!(poll_readable(a.as_fd(), Some(Duration::ZERO)).unwrap());
         assert!(poll_readable(a.as_fd(), None).unwrap());
