@@ -73,7 +73,7 @@ fn ensure_packages() -> Result<()> {
     let line = format!("apt-get install -y {}", missing.join(" "));
     if !is_root() {
         return Err(format!(
-            "missing Debian packages: {}; install them as root with:\n    apt-get update && {line}",
+            "missing Debian packages: {} (fix, as root: apt-get update && {line})",
             missing.join(", ")
         ));
     }

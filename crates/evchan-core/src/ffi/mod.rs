@@ -1,0 +1,27 @@
+//! The one module of evchan-core that calls C.
+//!
+//! # Safety
+//!
+//! Everything unsafe in the crate lives under this module; the rest of the crate is
+//! `#![deny(unsafe_code)]` and only calls the safe, crate-private wrappers defined here.
+//!
+//! The wrappers own their C objects and carry the lifetimes that librdmacm requires, so that the
+//! borrow checker enforces the C contracts even inside this module:
+//!
+//! - [`cm::RawChannel`] owns an `rdma_event_channel`; every [`cm::Id`] and [`cm::RawEvent`]
+//!   borrows it (`'ch`), so the channel is destroyed only after all of them.
+//! - [`cm::Id`] owns an `rdma_cm_id` together with a shared record ([`cm::IdInner`]) that counts
+//!   the events read for the id and not yet acked. `rdma_destroy_id` and `rdma_migrate_id` block
+//!   until every event already read for the id is acked; the record defers the destroy to the
+//!   last ack and refuses a migrate while events are pending, so neither can hang the thread that
+//!   holds the event.
+//! - [`cm::RawEvent`] owns one `rdma_cm_event` until `rdma_ack_cm_event`, and with it the private
+//!   data the event points into.
+//!
+//! The verbs objects reachable from an id (device context, protection domain, queue pair) live
+//! in [`verbs`]; socket address conversions in [`addr`].
+#![allow(unsafe_code)]
+
+pub(crate) mod addr;
+pub(crate) mod cm;
+pub(crate) mod verbs;
