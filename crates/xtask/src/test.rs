@@ -114,7 +114,9 @@ pub fn run(args: &[String]) -> Result<i32> {
 
     // Native: unit, doc and compile-fail tests; device tests skip here with a message.
     let start = Instant::now();
-    match run_counting(cargo(&["test", "--workspace"]).env_remove("EVCHAN_REQUIRE_DEVICE")) {
+    match run_counting(
+        cargo(&["test", "--workspace", "--no-fail-fast"]).env_remove("EVCHAN_REQUIRE_DEVICE"),
+    ) {
         Ok((ok, c)) => t.tests(
             "native tests (cargo test --workspace)",
             ok,
@@ -167,6 +169,7 @@ pub fn run(args: &[String]) -> Result<i32> {
 
     device_tests(&mut t, place, &device_bins);
     two_hosts(&mut t);
+    runner_faults(&mut t);
 
     Ok(finish(&t))
 }
@@ -238,6 +241,46 @@ fn device_tests(t: &mut Tally, place: Place, bins: &[(String, PathBuf)]) {
         }
     };
     t.tests(name, ok, counts, start.elapsed());
+}
+
+/// The runner's own promises: the job's exit status comes back, a hung guest is killed after
+/// its timeout, a guest kernel panic is a failure — never a pass.
+fn runner_faults(t: &mut Tally) {
+    type Expect = fn(&Result<vm::Outcome>) -> bool;
+    let cases: [(&str, &str, u64, Expect); 3] = [
+        (
+            "exit status 7 comes back",
+            "exit 7",
+            120,
+            |r| matches!(r, Ok(o) if o.code == 7),
+        ),
+        (
+            "a hung guest is killed at its timeout",
+            "sleep 100000",
+            20,
+            |r| matches!(r, Err(e) if e.contains("did not finish within 20 s")),
+        ),
+        (
+            "a guest kernel panic fails the run",
+            "echo c >/proc/sysrq-trigger; sleep 60",
+            120,
+            |r| matches!(r, Err(e) if e.contains("panicked")),
+        ),
+    ];
+    for (name, command, secs, expect) in cases {
+        let start = Instant::now();
+        let job = vm::Job {
+            command: command.into(),
+            timeout: Duration::from_secs(secs),
+            ..vm::Job::default()
+        };
+        let result = vm::run(&job, &mut |l| println!("{l}"));
+        let ok = expect(&result);
+        if !ok {
+            eprintln!("xtask: runner check `{name}` got {result:?}");
+        }
+        t.gate(&format!("vm runner: {name}"), ok, start.elapsed());
+    }
 }
 
 /// rping between two VMs on a virtual wire: server in VM a, client in VM b.

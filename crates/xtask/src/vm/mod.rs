@@ -54,6 +54,7 @@ pub struct Job {
 
 /// How a run ended.
 #[derive(Debug)]
+#[must_use]
 pub struct Outcome {
     /// The job's exit status (with two hosts: the client's, or the server's when only it failed).
     pub code: i32,
@@ -576,4 +577,27 @@ fn set_executable(p: &Path) -> Result<()> {
     use std::os::unix::fs::PermissionsExt;
     fs::set_permissions(p, fs::Permissions::from_mode(0o755))
         .map_err(|e| format!("chmod {}: {e}", p.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::shell_join;
+
+    #[test]
+    fn shell_join_quotes_only_what_needs_it() {
+        let args = [
+            "rping",
+            "-a",
+            "fe80::ff:fe00:1%dummy0",
+            "it's",
+            "",
+            "a b",
+            "$HOME",
+        ];
+        let args: Vec<String> = args.iter().map(|s| (*s).to_owned()).collect();
+        assert_eq!(
+            shell_join(&args),
+            r#"rping -a fe80::ff:fe00:1%dummy0 'it'\''s' '' 'a b' '$HOME'"#
+        );
+    }
 }
