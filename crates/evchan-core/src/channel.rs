@@ -38,7 +38,10 @@ use crate::ffi::cm::RawChannel;
 /// exactly one of them. With several readers, put the channel in non-blocking mode
 /// ([`set_nonblocking`](Self::set_nonblocking)): in blocking mode `try_get_event` and
 /// `get_event_timeout` poll before they read, and another reader may take the event in between,
-/// so the read would wait for the next one.
+/// so the read would wait for the next one. The events of one id arrive in order, but two
+/// readers may handle two of them at once (an `ESTABLISHED` and the `DISCONNECTED` right after
+/// it): either send each id's events to one thread, or let a handler wait until the id has
+/// reached the state the previous event leads to (see [`cm::AnyId`](crate::cm::AnyId)).
 ///
 /// # Examples
 ///

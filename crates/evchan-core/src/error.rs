@@ -33,6 +33,25 @@ pub enum Error {
     /// An event that does not complete the transition asked for.
     #[error(transparent)]
     UnexpectedEvent(#[from] UnexpectedEvent),
+    /// The operation is not for an id of this port space (e.g. `rdma_accept` of a UDP id,
+    /// which completes with no event: use the datagram variant the message names).
+    #[error("{call} is not for an id in the {port_space:?} port space: {hint}")]
+    WrongPortSpace {
+        /// The operation refused.
+        call: &'static str,
+        /// The id's port space.
+        port_space: PortSpace,
+        /// What to call instead.
+        hint: &'static str,
+    },
+    /// An [`AnyId`](crate::cm::AnyId) is not in the state the operation needs.
+    #[error("the id is in state `{actual}`, not {expected}")]
+    WrongState {
+        /// The state (or states) needed.
+        expected: &'static str,
+        /// The state the id is in.
+        actual: &'static str,
+    },
     /// `rdma_migrate_id` or `rdma_leave_multicast` would block: events read for the id are not
     /// acked yet.
     #[error(
@@ -64,7 +83,10 @@ impl Error {
             Self::NoDevice(e) => e.source.raw_os_error(),
             Self::Os { source, .. } => source.raw_os_error(),
             Self::Busy { .. } => Some(libc::EBUSY),
-            Self::PrivateDataTooLong(_) | Self::UnexpectedEvent(_) => None,
+            Self::PrivateDataTooLong(_)
+            | Self::UnexpectedEvent(_)
+            | Self::WrongPortSpace { .. }
+            | Self::WrongState { .. } => None,
         }
     }
 

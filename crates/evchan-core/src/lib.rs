@@ -7,6 +7,15 @@
 //!   connecting before the route is resolved, or accepting on an active id, does not compile.
 //! - [`CmEvent`] (`cm::Event<'ch>`) — an event held until it is acked (on drop or by
 //!   [`ack`](cm::Event::ack)); its private data is borrowed from it.
+//! - [`cm::AnyId`] — an id with its state erased and checked at run time, for storing ids of
+//!   mixed states together (e.g. a server's connections in one map).
+//!
+//! Besides RC connections with a QP (`ESTABLISHED` on both sides), the id covers a connect
+//! without a QP (`CONNECT_RESPONSE`, then [`establish`](cm::Id::establish) via
+//! `rdma_establish`) and UD service ID resolution on the UDP port space
+//! ([`accept_datagram`](cm::Id::accept_datagram),
+//! [`established_datagram`](cm::Id::established_datagram) with the peer's QP number, QKey and
+//! address vector).
 //!
 //! The invariants of librdmacm that the types carry:
 //!

@@ -77,7 +77,9 @@ pub struct ConnInfo {
     pub qp_num: u32,
 }
 
-/// The UD parameters of an event (`rdma_cm_event::param.ud`).
+/// The UD parameters of an event (`rdma_cm_event::param.ud`, without the private data: see
+/// [`Event::private_data`]): what a UD QP needs to send to the peer.
+#[doc(alias = "rdma_ud_param")]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct UdInfo {
@@ -85,6 +87,52 @@ pub struct UdInfo {
     pub qp_num: u32,
     /// The remote QKey.
     pub qkey: u32,
+    /// The address vector to reach the peer (for `ibv_create_ah`).
+    pub ah_attr: AhAttr,
+}
+
+/// An address vector (`struct ibv_ah_attr`), as a UD event reports it.
+#[doc(alias = "ibv_ah_attr")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct AhAttr {
+    /// The destination LID (0 on RoCE).
+    pub dlid: u16,
+    /// The service level.
+    pub sl: u8,
+    /// The source path bits.
+    pub src_path_bits: u8,
+    /// The static rate (`enum ibv_rate`).
+    pub static_rate: u8,
+    /// The local port number.
+    pub port_num: u8,
+    /// The global route header, when `is_global` is set (always on RoCE).
+    pub global: Option<GlobalRoute>,
+}
+
+/// A global route (`struct ibv_global_route`): the GRH of an [`AhAttr`].
+#[doc(alias = "ibv_global_route")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct GlobalRoute {
+    /// The destination GID (on RoCE v2, the peer's IP address as IPv6; IPv4 mapped).
+    pub dgid: [u8; 16],
+    /// The flow label.
+    pub flow_label: u32,
+    /// The index of the source GID in the port's GID table.
+    pub sgid_index: u8,
+    /// The hop limit.
+    pub hop_limit: u8,
+    /// The traffic class.
+    pub traffic_class: u8,
+}
+
+impl GlobalRoute {
+    /// The destination GID as an IPv6 address (`::ffff:a.b.c.d` for an IPv4 peer on RoCE v2).
+    #[must_use]
+    pub fn dgid_ip(&self) -> std::net::Ipv6Addr {
+        std::net::Ipv6Addr::from(self.dgid)
+    }
 }
 
 impl<'ch> Event<'ch> {
@@ -168,7 +216,7 @@ impl<'ch> Event<'ch> {
     /// `param.ud` of a UDP id's (or a multicast) event.
     #[must_use]
     pub fn ud_info(&self) -> Option<UdInfo> {
-        self.raw.ud().map(|(qp_num, qkey)| UdInfo { qp_num, qkey })
+        self.raw.ud()
     }
 
     /// Takes the new id a `CONNECT_REQUEST` hands over, ready to [`accept`](Id::accept) or

@@ -71,7 +71,7 @@ pub struct IdKey(pub(crate) usize);
 #[doc(alias = "rdma_create_id")]
 #[doc(alias = "rdma_destroy_id")]
 pub struct Id<'ch, S: State = Idle> {
-    raw: RawId<'ch>,
+    pub(super) raw: RawId<'ch>,
     _state: PhantomData<S>,
 }
 
@@ -102,6 +102,14 @@ impl<I> TransitionError<I> {
     /// The id, unchanged.
     pub fn into_id(self) -> I {
         self.id
+    }
+
+    /// The same error with the id converted by `f` (e.g. into an [`AnyId`](super::AnyId)).
+    pub fn map_id<J>(self, f: impl FnOnce(I) -> J) -> TransitionError<J> {
+        TransitionError {
+            id: f(self.id),
+            error: self.error,
+        }
     }
 }
 
@@ -159,14 +167,14 @@ impl<'ch, S: State> Id<'ch, S> {
         }
     }
 
-    fn into_state<T: State>(self) -> Id<'ch, T> {
+    pub(super) fn into_state<T: State>(self) -> Id<'ch, T> {
         Id {
             raw: self.raw,
             _state: PhantomData,
         }
     }
 
-    fn fail(self, error: Error) -> TransitionError<Self> {
+    pub(super) fn fail(self, error: Error) -> TransitionError<Self> {
         TransitionError { id: self, error }
     }
 
@@ -256,6 +264,12 @@ impl<'ch, S: State> Id<'ch, S> {
 
     /// `rdma_listen`: listens for connection requests (binding to any address first if the id is
     /// idle); they arrive as `CONNECT_REQUEST` events.
+    ///
+    /// `backlog` bounds the requests queued on the channel and not read yet; the kernel treats
+    /// 0, a negative value or one above `net.rdma_ucm.max_backlog` (1024 by default) as that
+    /// maximum. A request beyond the backlog is dropped without a reply, and the peer's CM sends
+    /// it again only after its response timeout (about 4 s): with bursts of connections, a small
+    /// backlog shows up as multi-second connect times, not as errors.
     ///
     /// # Errors
     /// The OS error (e.g. `EADDRINUSE`), with the id back.
@@ -355,16 +369,27 @@ impl<'ch, S: State> Id<'ch, S> {
         }
     }
 
-    /// `rdma_accept`: accepts the connection request with `param`; completes with `ESTABLISHED`
-    /// (for a UDP id, the call itself completes it).
+    /// `rdma_accept`: accepts the connection request with `param`; completes with `ESTABLISHED`,
+    /// for [`Id::established`].
+    ///
+    /// A UDP id's request is answered with [`Id::accept_datagram`] instead: no event completes
+    /// it.
     ///
     /// # Errors
-    /// [`Error::PrivateDataTooLong`] before the call; the OS error. The id comes back.
+    /// [`Error::WrongPortSpace`] for a UDP id and [`Error::PrivateDataTooLong`], both before the
+    /// call; the OS error. The id comes back.
     #[doc(alias = "rdma_accept")]
     pub fn accept(self, param: &ConnParam<'_>) -> Transition<'ch, S, Id<'ch, Connecting>>
     where
         S: CanAccept,
     {
+        if self.port_space() == PortSpace::Udp {
+            return Err(self.fail(Error::WrongPortSpace {
+                call: "accept",
+                port_space: PortSpace::Udp,
+                hint: "a UDP request is answered with `accept_datagram`, which no event completes",
+            }));
+        }
         if let Err(e) = check_private_data(self.port_space(), Message::Accept, param.data()) {
             return Err(self.fail(e.into()));
         }
@@ -410,7 +435,7 @@ impl<'ch, S: State> Id<'ch, S> {
     }
 
     /// Checks that `event` is `expected` for this id, else says why not.
-    fn expect_event(&self, event: &Event<'_>, expected: EventKind) -> Result<()> {
+    pub(super) fn expect_event(&self, event: &Event<'_>, expected: EventKind) -> Result<()> {
         let same_id = event.is_for(self);
         if same_id && event.kind() == expected && event.status().is_success() {
             return Ok(());
@@ -519,10 +544,21 @@ impl<'ch> Id<'ch, ResolvingRoute> {
 impl<'ch> Id<'ch, Connecting> {
     /// Completes `connect`/`accept` with its `ESTABLISHED` event.
     ///
+    /// A connect without a QP completes with `CONNECT_RESPONSE` instead ([`Id::establish`]); a
+    /// UDP id's with [`Id::established_datagram`].
+    ///
     /// # Errors
     /// [`Error::UnexpectedEvent`] for any other event (`REJECTED` with its reject reason,
-    /// `UNREACHABLE`, `CONNECT_ERROR`, …), with the id back.
+    /// `UNREACHABLE`, `CONNECT_ERROR`, …); [`Error::WrongPortSpace`] for a UDP id. The id comes
+    /// back.
     pub fn established(self, event: &Event<'_>) -> Transition<'ch, Connecting, Id<'ch, Connected>> {
+        if self.port_space() == PortSpace::Udp {
+            return Err(self.fail(Error::WrongPortSpace {
+                call: "established",
+                port_space: PortSpace::Udp,
+                hint: "a UDP id completes its connect with `established_datagram`",
+            }));
+        }
         self.advance(event, EventKind::Established)
     }
 }

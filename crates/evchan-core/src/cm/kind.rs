@@ -188,18 +188,22 @@ pub enum Status {
     Errno(i32),
     /// A [`EventKind::Rejected`] event's reject reason.
     Rejected(RejectReason),
-    /// Any other non-zero status, as it came.
+    /// Any other non-zero status, as it came: e.g. the positive SIDR status of an `UNREACHABLE`
+    /// UDP connect (1, `IB_SIDR_UNSUPPORTED`: nobody listens on the port).
     Other(i32),
 }
 
 impl Status {
-    /// Types `raw`, the status of an event of kind `kind`.
+    /// Types `raw`, the status of an event of kind `kind`: 0 is [`Status::Success`]; a
+    /// `REJECTED` event's status is its [`RejectReason`]; any other negative status is an errno
+    /// (the kernel reports errors as `-errno`, whatever the kind); any other positive one is
+    /// [`Status::Other`].
     #[must_use]
     pub fn new(kind: EventKind, raw: i32) -> Self {
         match (raw, kind) {
             (0, _) => Self::Success,
             (r, EventKind::Rejected) => Self::Rejected(RejectReason(r)),
-            (r, k) if k.is_error() || r < 0 => Self::Errno(r.saturating_abs()),
+            (r, _) if r < 0 => Self::Errno(r.saturating_abs()),
             (r, _) => Self::Other(r),
         }
     }
@@ -236,6 +240,64 @@ impl fmt::Display for Status {
             Self::Errno(e) => write!(f, "status -{e}: {}", io::Error::from_raw_os_error(*e)),
             Self::Rejected(r) => r.fmt(f),
             Self::Other(r) => write!(f, "status {r}"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod props {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// Kinds: every known code, the first unknown ones, and any `u32`.
+    fn kind() -> impl Strategy<Value = EventKind> {
+        prop_oneof![0u32..24, any::<u32>()].prop_map(EventKind::from_code)
+    }
+
+    proptest! {
+        #[test]
+        fn every_code_round_trips(code in any::<u32>()) {
+            let k = EventKind::from_code(code);
+            prop_assert_eq!(k.code(), code);
+            prop_assert_eq!(matches!(k, EventKind::Unknown(_)), code >= 20);
+            prop_assert_eq!(EventKind::from_code(k.code()), k);
+            let shown = k.to_string();
+            prop_assert!(shown.starts_with("RDMA_CM_EVENT_"));
+            if code < 20 {
+                prop_assert_eq!(shown, format!("RDMA_CM_EVENT_{}", k.name()));
+            } else {
+                prop_assert_eq!(shown, format!("RDMA_CM_EVENT_UNKNOWN({code})"));
+            }
+        }
+
+        /// The status of every (kind, raw) pair, against the rule written out once more.
+        #[test]
+        fn every_status_is_typed_by_its_kind(
+            kind in kind(),
+            raw in prop_oneof![-200i32..200, Just(i32::MIN), Just(i32::MAX), any::<i32>()],
+        ) {
+            let s = Status::new(kind, raw);
+            prop_assert_eq!(s.is_success(), raw == 0);
+            match s {
+                Status::Success => prop_assert_eq!(raw, 0),
+                Status::Rejected(r) => {
+                    prop_assert_eq!(kind, EventKind::Rejected);
+                    prop_assert_eq!(r.0, raw);
+                    prop_assert_eq!(s.reject_reason(), Some(r));
+                }
+                Status::Errno(e) => {
+                    prop_assert!(kind != EventKind::Rejected && raw < 0);
+                    prop_assert!(e > 0);
+                    prop_assert_eq!(e, raw.saturating_abs());
+                    prop_assert_eq!(s.io_error().unwrap().raw_os_error(), Some(e));
+                }
+                Status::Other(r) => {
+                    prop_assert!(kind != EventKind::Rejected && raw > 0);
+                    prop_assert_eq!(r, raw);
+                    prop_assert!(s.io_error().is_none());
+                }
+            }
+            prop_assert!(!s.to_string().is_empty());
         }
     }
 }

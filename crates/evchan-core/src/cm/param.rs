@@ -157,6 +157,24 @@ impl<'a> ConnParam<'a> {
         self
     }
 
+    /// `qp_num`: the QP number announced to the peer, for an id *without* a QP from
+    /// `rdma_create_qp` (one the caller manages; the connect then completes with
+    /// `CONNECT_RESPONSE` and [`Id::establish`](super::Id::establish)). Ignored when the id has
+    /// a QP: librdmacm announces that one.
+    #[must_use]
+    pub fn qp_num(mut self, qp_num: u32) -> Self {
+        self.raw.qp_num = qp_num;
+        self
+    }
+
+    /// `srq`: whether the caller-managed QP of [`ConnParam::qp_num`] uses a shared receive
+    /// queue.
+    #[must_use]
+    pub fn srq(mut self, srq: bool) -> Self {
+        self.raw.srq = srq;
+        self
+    }
+
     /// The private data set.
     #[must_use]
     pub fn data(&self) -> &'a [u8] {
@@ -165,6 +183,62 @@ impl<'a> ConnParam<'a> {
 
     pub(crate) fn to_raw(self) -> ConnParamRaw<'a> {
         self.raw
+    }
+}
+
+#[cfg(test)]
+mod props {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn port_space() -> impl Strategy<Value = PortSpace> {
+        prop_oneof![
+            Just(PortSpace::Tcp),
+            Just(PortSpace::Udp),
+            Just(PortSpace::Ib),
+            any::<u32>().prop_map(PortSpace::from_code),
+            any::<u32>().prop_map(PortSpace::Other),
+        ]
+    }
+
+    fn message() -> impl Strategy<Value = Message> {
+        prop_oneof![
+            Just(Message::Connect),
+            Just(Message::Accept),
+            Just(Message::Reject)
+        ]
+    }
+
+    proptest! {
+        #[test]
+        fn port_space_codes_round_trip(code in any::<u32>()) {
+            let ps = PortSpace::from_code(code);
+            prop_assert_eq!(ps.code(), code);
+            prop_assert_eq!(PortSpace::from_code(ps.code()), ps);
+        }
+
+        /// Private data is accepted exactly up to its limit, for every port space and message;
+        /// the limit fits the C `u8` length.
+        #[test]
+        fn private_data_accepted_exactly_up_to_the_limit(
+            ps in port_space(),
+            message in message(),
+            len in 0usize..400,
+        ) {
+            let max = ps.private_data_limit(message);
+            prop_assert!(max <= usize::from(u8::MAX));
+            let data = vec![0xa5; len];
+            match check_private_data(ps, message, &data) {
+                Ok(()) => prop_assert!(len <= max),
+                Err(e) => {
+                    prop_assert!(len > max);
+                    prop_assert_eq!(e, PrivateDataTooLong { message, port_space: ps, len, max });
+                }
+            }
+            // The boundary itself, whatever `len` was drawn.
+            prop_assert!(check_private_data(ps, message, &vec![0; max]).is_ok());
+            prop_assert!(check_private_data(ps, message, &vec![0; max + 1]).is_err());
+        }
     }
 }
 

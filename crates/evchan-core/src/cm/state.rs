@@ -4,7 +4,17 @@
 //! Capabilities are sealed marker traits, so only this crate decides which state may do what.
 
 mod sealed {
-    pub trait Sealed {}
+    use crate::cm::{AnyId, Id};
+
+    /// Seals [`State`](super::State) and converts between an [`Id`] and an [`AnyId`].
+    pub trait Sealed: Sized {
+        fn into_any<'ch>(id: Id<'ch, Self>) -> AnyId<'ch>
+        where
+            Self: super::State;
+        fn from_any<'ch>(any: AnyId<'ch>) -> Result<Id<'ch, Self>, AnyId<'ch>>
+        where
+            Self: super::State;
+    }
 }
 
 /// A state of a [`CmId`](super::Id). Sealed.
@@ -18,7 +28,21 @@ macro_rules! states {
         $(#[$m])*
         #[derive(Debug, Clone, Copy, PartialEq, Eq)]
         pub struct $name;
-        impl sealed::Sealed for $name {}
+        impl sealed::Sealed for $name {
+            fn into_any<'ch>(id: crate::cm::Id<'ch, Self>) -> crate::cm::AnyId<'ch> {
+                crate::cm::AnyId {
+                    inner: crate::cm::any::Inner::$name(id),
+                }
+            }
+            fn from_any<'ch>(
+                any: crate::cm::AnyId<'ch>,
+            ) -> Result<crate::cm::Id<'ch, Self>, crate::cm::AnyId<'ch>> {
+                match any.inner {
+                    crate::cm::any::Inner::$name(id) => Ok(id),
+                    inner => Err(crate::cm::AnyId { inner }),
+                }
+            }
+        }
         impl State for $name {
             const NAME: &'static str = stringify!($name);
         }
@@ -46,6 +70,10 @@ states! {
     Connecting,
     /// The connection is established.
     Connected,
+    /// A UDP (UD) id whose service ID resolution (SIDR) is done: the active side got the peer's
+    /// QP number, QKey and address vector with `ESTABLISHED`; the passive side answered with
+    /// `rdma_accept`. There is no connection to tear down: drop the id when done.
+    Datagram,
     /// `rdma_disconnect` called.
     Disconnected,
 }
@@ -101,6 +129,7 @@ impl HasDevice for RouteResolved {}
 impl HasDevice for Requested {}
 impl HasDevice for Connecting {}
 impl HasDevice for Connected {}
+impl HasDevice for Datagram {}
 impl HasDevice for Disconnected {}
 
 /// States that may create their QP (before connecting or accepting).

@@ -129,6 +129,44 @@ mod tests {
         assert_eq!(unsafe { read(std::ptr::from_ref(&storage).cast()) }, None);
     }
 
+    mod props {
+        use super::*;
+        use proptest::prelude::*;
+
+        proptest! {
+            #[test]
+            fn any_v4_round_trips_in_network_order(ip in any::<u32>(), port in any::<u16>()) {
+                let addr = SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::from(ip), port));
+                prop_assert_eq!(round_trip(addr), Some(addr));
+                let sa = SockAddr::new(addr);
+                // SAFETY: built from a V4 address just above.
+                let sin = unsafe { sa.v4 };
+                prop_assert_eq!(i32::from(sin.sin_family), libc::AF_INET);
+                prop_assert_eq!(sin.sin_port.to_ne_bytes(), port.to_be_bytes());
+                prop_assert_eq!(sin.sin_addr.s_addr.to_ne_bytes(), ip.to_be_bytes());
+            }
+
+            #[test]
+            fn any_v6_round_trips_with_scope_and_flow(
+                ip in any::<u128>(),
+                port in any::<u16>(),
+                flowinfo in any::<u32>(),
+                scope_id in any::<u32>(),
+            ) {
+                let v6 = SocketAddrV6::new(Ipv6Addr::from(ip), port, flowinfo, scope_id);
+                let addr = SocketAddr::V6(v6);
+                prop_assert_eq!(round_trip(addr), Some(addr));
+                let sa = SockAddr::new(addr);
+                // SAFETY: built from a V6 address just above.
+                let sin6 = unsafe { sa.v6 };
+                prop_assert_eq!(i32::from(sin6.sin6_family), libc::AF_INET6);
+                prop_assert_eq!(sin6.sin6_port.to_ne_bytes(), port.to_be_bytes());
+                prop_assert_eq!(sin6.sin6_addr.s6_addr, ip.to_be_bytes());
+                prop_assert_eq!(sin6.sin6_scope_id, scope_id);
+            }
+        }
+    }
+
     #[test]
     fn if_index_of_loopback_and_missing() {
         assert!(if_index("lo").is_some());

@@ -10,6 +10,9 @@ use std::time::{Duration, Instant};
 
 use evchan_core::{cm, CmEvent, EventChannel};
 
+pub mod interop;
+pub mod tool;
+
 /// The soft-RoCE VM's IPv4 address (on `dummy0`).
 pub const VM_V4: &str = "169.254.77.1";
 /// The soft-RoCE VM's IPv6 link-local address (on `dummy0`).

@@ -9,6 +9,7 @@ use evchan_sys as sys;
 use super::code;
 use super::id::{record_of, ConnParamRaw, Id, IdInner};
 use super::RawChannel;
+use crate::cm::{AhAttr, GlobalRoute, UdInfo};
 
 /// One event read from a channel, owned until `rdma_ack_cm_event`.
 pub(crate) struct RawEvent<'ch> {
@@ -145,14 +146,35 @@ impl<'ch> RawEvent<'ch> {
         })
     }
 
-    /// `(qp_num, qkey)` of `param.ud`, for a UD id's event.
-    pub(crate) fn ud(&self) -> Option<(u32, u32)> {
+    /// `param.ud` without its private data, for a UD id's event.
+    pub(crate) fn ud(&self) -> Option<UdInfo> {
         if !self.ud && !self.is_multicast() {
             return None;
         }
         // SAFETY: reading the `ud` member of a UD id's event.
         let u = unsafe { self.get().param.ud };
-        Some((u.qp_num, u.qkey))
+        let a = u.ah_attr;
+        // SAFETY: every bit pattern of the union is a valid `[u8; 16]`.
+        let dgid = unsafe { a.grh.dgid.raw };
+        let global = (a.is_global != 0).then_some(GlobalRoute {
+            dgid,
+            flow_label: a.grh.flow_label,
+            sgid_index: a.grh.sgid_index,
+            hop_limit: a.grh.hop_limit,
+            traffic_class: a.grh.traffic_class,
+        });
+        Some(UdInfo {
+            qp_num: u.qp_num,
+            qkey: u.qkey,
+            ah_attr: AhAttr {
+                dlid: a.dlid,
+                sl: a.sl,
+                src_path_bits: a.src_path_bits,
+                static_rate: a.static_rate,
+                port_num: a.port_num,
+                global,
+            },
+        })
     }
 
     /// Takes the new id of a `CONNECT_REQUEST` (once).

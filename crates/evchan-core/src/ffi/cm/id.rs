@@ -8,6 +8,7 @@ use std::marker::PhantomData;
 use std::mem::ManuallyDrop;
 use std::net::SocketAddr;
 use std::ptr::{self, NonNull};
+use std::sync::atomic::{AtomicPtr, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use evchan_sys as sys;
@@ -95,7 +96,45 @@ impl IdInner {
     }
 }
 
+/// `rdma_cm_id::context` as an atomic: our writes (in [`Id::adopt`]) and reads (in
+/// [`record_of`]) may run on two threads at once (see [`record_of`]).
+///
+/// # Safety
+///
+/// `id` is a live C id. librdmacm itself writes `context` only when it creates the id (before
+/// anyone else can see it) and never writes it afterwards, so while the id is shared every
+/// access to the field is one of ours, and atomic.
+unsafe fn context_of<'a>(id: *mut sys::rdma_cm_id) -> &'a AtomicPtr<c_void> {
+    // SAFETY: `id` is live (caller): the place expression only computes the field's address.
+    let field = unsafe { ptr::addr_of_mut!((*id).context) };
+    // SAFETY: the field is valid and aligned for a pointer for as long as the id lives; all
+    // concurrent accesses go through this atomic view (caller).
+    unsafe { AtomicPtr::from_ptr(field) }
+}
+
+/// How long an event reader waits for the thread that read a `CONNECT_REQUEST` to adopt the new
+/// id it handed over (see [`record_of`]); that thread runs no blocking call in between.
+const ADOPT_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// Clones the record `id` points to through its `context`.
+///
+/// # The adoption race
+///
+/// librdmacm gives the new id of a `CONNECT_REQUEST` its *listener's* `context`;
+/// [`Id::adopt`], run by the thread that read the request right after `rdma_get_cm_event`
+/// returned, re-points it at the new id's own record. Until then the new id's `context` names
+/// the listener's record. Should a second thread read an event *for the new id* in that window,
+/// it would count the event against the listener — and the new id's owner could then destroy
+/// it while that event is unacked, which blocks (forever, if the owner holds the event itself).
+///
+/// With kernel ≥ 5.10 and rdma-core ≥ 31 no such event can be delivered: before `rdma_accept`
+/// (which needs the adopted id) the kernel reports the new id's events with `uid` 0 and
+/// librdmacm drops them. We do not rely on that: a record whose `raw` is not `id` is the
+/// listener's, so the reader waits (yielding, at most [`ADOPT_WAIT`]) until the adoption has
+/// happened, and counts the event against the right record. `context` is read and written
+/// atomically ([`context_of`]), so the wait is well defined. Should the wait ever run out (the
+/// adopting thread descheduled for a whole second), the event counts against no id: its id's
+/// destroy then waits for its ack as in C — only a hang if the same thread holds that event.
 ///
 /// # Safety
 ///
@@ -105,16 +144,32 @@ pub(super) unsafe fn record_of(id: *mut sys::rdma_cm_id) -> Option<Arc<IdInner>>
     if id.is_null() {
         return None;
     }
-    // SAFETY: `id` is live (caller).
-    let ctx = unsafe { (*id).context }.cast_const().cast::<IdInner>();
-    if ctx.is_null() {
-        return None;
+    let start = std::time::Instant::now();
+    loop {
+        // SAFETY: `id` is live (caller).
+        let ctx = unsafe { context_of(id) }
+            .load(Ordering::Acquire)
+            .cast_const()
+            .cast::<IdInner>();
+        if ctx.is_null() {
+            return None;
+        }
+        // SAFETY: `ctx` came from `Arc::as_ptr` and an `Arc` of it is alive (module docs): the
+        // id's own record lives while the id does; a listener's record lives while its
+        // `CONNECT_REQUEST`, which another thread is adopting right now, is unacked.
+        unsafe { Arc::increment_strong_count(ctx) };
+        // SAFETY: we own the strong count we just added.
+        let record = unsafe { Arc::from_raw(ctx) };
+        if record.raw.as_ptr() == id {
+            return Some(record);
+        }
+        // The listener's record: the new id is not adopted yet (see above).
+        drop(record);
+        if start.elapsed() > ADOPT_WAIT {
+            return None;
+        }
+        std::thread::yield_now();
     }
-    // SAFETY: `ctx` came from `Arc::as_ptr` and an `Arc` of it is alive (module docs), so the
-    // count is at least one while we add ours.
-    unsafe { Arc::increment_strong_count(ctx) };
-    // SAFETY: we own the strong count we just added.
-    Some(unsafe { Arc::from_raw(ctx) })
 }
 
 /// The owner of one C id. `!Sync` (calls on one id are never concurrent); `Send`.
@@ -211,8 +266,12 @@ impl<'ch> Id<'ch> {
             raw,
             state: Mutex::new(IdState::default()),
         });
-        // SAFETY: `raw` is live and ours; the record outlives the C id (module docs).
-        unsafe { (*raw.as_ptr()).context = Arc::as_ptr(&inner).cast_mut().cast::<c_void>() };
+        // SAFETY: `raw` is live and ours; the record outlives the C id (module docs). The
+        // store is atomic and releases the record to readers of `context` (`record_of`).
+        unsafe { context_of(raw.as_ptr()) }.store(
+            Arc::as_ptr(&inner).cast_mut().cast::<c_void>(),
+            Ordering::Release,
+        );
         Self {
             inner,
             _ch: PhantomData,
@@ -389,6 +448,13 @@ impl<'ch> Id<'ch> {
         };
         // SAFETY: live id; the data is valid for `len` bytes and copied by the call.
         check(unsafe { sys::rdma_reject(self.raw(), data, len) })
+    }
+
+    /// `rdma_establish`: completes a connect whose `CONNECT_RESPONSE` arrived (an id without a
+    /// QP); `EINVAL` for an id with one.
+    pub(crate) fn establish(&self) -> io::Result<()> {
+        // SAFETY: live id.
+        check(unsafe { sys::rdma_establish(self.raw()) })
     }
 
     /// `rdma_disconnect`.

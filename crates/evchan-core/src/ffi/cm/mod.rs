@@ -14,6 +14,11 @@
 //!   destroy is deferred to the last ack (`rdma_destroy_id` would otherwise wait for that ack
 //!   forever when both are in one thread).
 //! - A migrate with `pending > 0` is refused with `EBUSY` instead of blocking.
+//! - `context` is written (by `Id::adopt`) and read (by `record_of`) atomically, and a record
+//!   read for an event must name the event's id: a new id handed over by a `CONNECT_REQUEST`
+//!   carries its listener's `context` until the thread that read the request adopts it, and an
+//!   event read for it meanwhile by another thread waits for that (see `id::record_of`, "The
+//!   adoption race").
 //! - The `Arc` cloned out of `context` is always alive at that point: librdmacm returns an event
 //!   for an id only while the C id exists, the C id exists until `rdma_destroy_id` returns, and
 //!   whoever calls `rdma_destroy_id` holds an `Arc` of the record until it has returned; and
