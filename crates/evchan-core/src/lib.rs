@@ -2,3 +2,4 @@
 #![deny(unsafe_code)]
 
 mod ffi;
+pub mod verbs;

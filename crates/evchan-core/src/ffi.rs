@@ -1,2 +1,0 @@
-//! The one module of evchan-core that calls C.
-#![allow(unsafe_code)]
