@@ -691,6 +691,16 @@ impl<'ctx> CompChannel<'ctx> {
     }
 }
 
+impl CompChannel<'_> {
+    /// `ibv_destroy_comp_channel`, reporting its result (Drop ignores it).
+    pub(crate) fn destroy(self) -> io::Result<()> {
+        let me = std::mem::ManuallyDrop::new(self);
+        // SAFETY: as in Drop, which will not run (ManuallyDrop): destroyed once.
+        let ret = unsafe { sys::ibv_destroy_comp_channel(me.ptr.as_ptr()) };
+        sys::cvt_errno(ret)
+    }
+}
+
 impl Drop for CompChannel<'_> {
     fn drop(&mut self) {
         // SAFETY: every CQ on the channel borrows it, so none is alive and the C refcount is
@@ -806,6 +816,17 @@ impl<'ch> Cq<'ch> {
 
     pub(crate) fn pending_acks(&self) -> u32 {
         self.pending_acks.load(Ordering::Acquire)
+    }
+}
+
+impl Cq<'_> {
+    /// Flushes the pending acks, then `ibv_destroy_cq`, reporting its result (Drop ignores it).
+    pub(crate) fn destroy(self) -> io::Result<()> {
+        self.flush_acks();
+        let me = std::mem::ManuallyDrop::new(self);
+        // SAFETY: as in Drop, which will not run (ManuallyDrop): destroyed once, acks flushed.
+        let ret = unsafe { sys::ibv_destroy_cq(me.ptr.as_ptr()) };
+        sys::cvt_errno(ret)
     }
 }
 

@@ -185,6 +185,21 @@ impl<'ctx> CompChannel<'ctx> {
         }
     }
 
+    /// `ibv_destroy_comp_channel`, reporting its result (dropping the channel does the same
+    /// and ignores it).
+    ///
+    /// Every CQ on the channel borrows it, so none is alive here and the C call's `EBUSY`
+    /// ("CQs still attached") cannot happen.
+    ///
+    /// # Errors
+    /// [`Error::Io`] with the `ibv_destroy_comp_channel` error.
+    #[doc(alias = "ibv_destroy_comp_channel")]
+    pub fn destroy(self) -> Result<()> {
+        self.raw
+            .destroy()
+            .map_err(Error::io("ibv_destroy_comp_channel"))
+    }
+
     /// The channel's file descriptor (`ibv_comp_channel::fd`), non-blocking.
     #[must_use]
     pub fn fd(&self) -> BorrowedFd<'_> {

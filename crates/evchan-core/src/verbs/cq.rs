@@ -173,6 +173,19 @@ impl<'ch> Cq<'ch> {
         self.channel.wait(&[self], timeout, |_, wc| on_wc(wc))
     }
 
+    /// `ibv_ack_cq_events` for the pending acks, then `ibv_destroy_cq`, reporting its result
+    /// (dropping the CQ does the same and ignores it).
+    ///
+    /// Never waits: every event read for this CQ is acked by then (a [`CqEvent`] borrows the CQ,
+    /// so none is alive).
+    ///
+    /// # Errors
+    /// [`Error::Io`] with the `ibv_destroy_cq` error.
+    #[doc(alias = "ibv_destroy_cq")]
+    pub fn destroy(self) -> Result<()> {
+        self.raw.destroy().map_err(Error::io("ibv_destroy_cq"))
+    }
+
     /// How many events were read for this CQ and are counted, but not yet acked.
     #[must_use]
     pub fn pending_acks(&self) -> u32 {
