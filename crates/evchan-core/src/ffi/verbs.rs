@@ -497,10 +497,11 @@ unsafe impl MrBuffer for &mut [u8] {
 
 /// `ibv_reg_mr` / `ibv_dereg_mr`, owning (or exclusively borrowing) the registered buffer.
 ///
-/// Field order is drop order: the registration is removed before the buffer is freed.
+/// The buffer is dropped only after `ibv_dereg_mr` succeeded; if deregistration fails, the
+/// buffer is leaked rather than freed under a live registration.
 pub(crate) struct Mr<'pd, B: MrBuffer> {
     ptr: NonNull<sys::ibv_mr>,
-    buf: B,
+    buf: std::mem::ManuallyDrop<B>,
     _pd: PhantomData<&'pd Pd<'pd>>,
 }
 
@@ -526,7 +527,7 @@ impl<'pd, B: MrBuffer> Mr<'pd, B> {
         match NonNull::new(mr) {
             Some(ptr) => Ok(Mr {
                 ptr,
-                buf,
+                buf: std::mem::ManuallyDrop::new(buf),
                 _pd: PhantomData,
             }),
             None => Err((null_err(), buf)),
@@ -551,14 +552,16 @@ impl<'pd, B: MrBuffer> Mr<'pd, B> {
         self.buf.as_mut_slice()
     }
 
-    /// Deregisters and gives the buffer back.
-    pub(crate) fn into_inner(self) -> B {
-        let me = std::mem::ManuallyDrop::new(self);
+    /// Deregisters and gives the buffer back; if `ibv_dereg_mr` fails the buffer is leaked
+    /// (the device may still reach it) and the error returned.
+    pub(crate) fn into_inner(self) -> io::Result<B> {
+        let mut me = std::mem::ManuallyDrop::new(self);
         // SAFETY: registered by ibv_reg_mr and deregistered once (Drop does not run: the value
         // is in ManuallyDrop).
-        let _ = unsafe { sys::ibv_dereg_mr(me.ptr.as_ptr()) };
-        // SAFETY: `me.buf` is read once and `me` is never used or dropped again.
-        unsafe { ptr::read(&me.buf) }
+        let ret = unsafe { sys::ibv_dereg_mr(me.ptr.as_ptr()) };
+        sys::cvt_errno(ret)?;
+        // SAFETY: `me.buf` is taken once and `me` is never used or dropped again.
+        Ok(unsafe { std::mem::ManuallyDrop::take(&mut me.buf) })
     }
 }
 
@@ -576,10 +579,16 @@ impl<B: MrBuffer> std::fmt::Debug for Mr<'_, B> {
 
 impl<B: MrBuffer> Drop for Mr<'_, B> {
     fn drop(&mut self) {
-        // SAFETY: registered by ibv_reg_mr, deregistered once. Once ibv_dereg_mr returns the
-        // device can no longer reach the pages (the kernel unpins them), so the buffer, dropped
-        // after this (field order), may be freed even if a work request on it is still queued.
-        let _ = unsafe { sys::ibv_dereg_mr(self.ptr.as_ptr()) };
+        // SAFETY: registered by ibv_reg_mr, deregistered once. Once ibv_dereg_mr has returned
+        // success the device can no longer reach the pages (the kernel invalidates the region
+        // and unpins them; a device writing there afterwards would corrupt kernel memory), so
+        // the buffer may be freed even if a work request on it is still queued.
+        let ret = unsafe { sys::ibv_dereg_mr(self.ptr.as_ptr()) };
+        if ret == 0 {
+            // SAFETY: dropped once, here; `self` is being dropped and never reads it again.
+            unsafe { std::mem::ManuallyDrop::drop(&mut self.buf) };
+        }
+        // else: the registration may live on, so the buffer is leaked, never freed.
     }
 }
 
@@ -638,6 +647,7 @@ impl<B: MrBuffer> std::fmt::Debug for Posted<'_, B> {
 #[derive(Debug)]
 pub(crate) struct CompChannel<'ctx> {
     ptr: NonNull<sys::ibv_comp_channel>,
+    events_read: AtomicU64,
     _ctx: PhantomData<&'ctx Context>,
 }
 
@@ -653,6 +663,7 @@ impl<'ctx> CompChannel<'ctx> {
         let ch = unsafe { sys::ibv_create_comp_channel(ctx.ptr.as_ptr()) };
         let ch = CompChannel {
             ptr: NonNull::new(ch).ok_or_else(null_err)?,
+            events_read: AtomicU64::new(0),
             _ctx: PhantomData,
         };
         sys::fd::set_nonblocking(ch.fd(), true)?;
@@ -665,6 +676,11 @@ impl<'ctx> CompChannel<'ctx> {
         // SAFETY: the channel's fd is open from creation until ibv_destroy_comp_channel, which
         // runs only in Drop, after every borrow of self has ended.
         unsafe { BorrowedFd::borrow_raw(fd) }
+    }
+
+    /// How many events `get_cq_event` has read from this channel.
+    pub(crate) fn events_read(&self) -> u64 {
+        self.events_read.load(Ordering::Relaxed)
     }
 
     /// `ibv_get_cq_event` on the non-blocking fd: `Ok(None)` on `EAGAIN`.
@@ -681,6 +697,7 @@ impl<'ctx> CompChannel<'ctx> {
                 Err(e)
             };
         }
+        self.events_read.fetch_add(1, Ordering::Relaxed);
         match NonNull::new(cq) {
             Some(cq) => Ok(Some(CqEventAck {
                 cq,

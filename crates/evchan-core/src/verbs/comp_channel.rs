@@ -135,7 +135,8 @@ impl<'ctx> CompChannel<'ctx> {
     /// number once there is at least one, or `Ok(0)` when `timeout` (`None`: forever) expires.
     ///
     /// The loop, which loses no completion and never sleeps on one that is already there:
-    /// 1. poll every CQ until it is empty; return if anything was found;
+    /// 1. poll every CQ until it is empty (at most one CQ's capacity per call); return if
+    ///    anything was found;
     /// 2. arm every CQ (`ibv_req_notify_cq`);
     /// 3. poll every CQ again: a completion that arrived before the arm took effect raises no
     ///    event, so it is picked up here; return if anything was found;
@@ -143,6 +144,11 @@ impl<'ctx> CompChannel<'ctx> {
     /// 5. read every event until `EAGAIN`, counting each one's ack into its CQ's batch
     ///    (events of CQs not in `cqs` are acked at once);
     /// 6. go to 1.
+    ///
+    /// Pass every CQ of the channel, and wait on one channel from one place at a time: an event
+    /// read here for a CQ not in `cqs` is acked and gone, so a thread waiting for that CQ
+    /// elsewhere would not be woken by it. CQs waited for by different threads belong on
+    /// different channels (which is what several channels per context are for).
     ///
     /// # Errors
     /// [`Error::Io`] from `ibv_poll_cq`, `ibv_req_notify_cq`, `ibv_get_cq_event` or `poll`.
@@ -200,6 +206,13 @@ impl<'ctx> CompChannel<'ctx> {
             .map_err(Error::io("ibv_destroy_comp_channel"))
     }
 
+    /// How many completion events have been read from this channel so far (a diagnostic: in
+    /// [`wait`](Self::wait), the number of times it had to sleep is about this).
+    #[must_use]
+    pub fn events_read(&self) -> u64 {
+        self.raw.events_read()
+    }
+
     /// The channel's file descriptor (`ibv_comp_channel::fd`), non-blocking.
     #[must_use]
     pub fn fd(&self) -> BorrowedFd<'_> {
@@ -215,12 +228,16 @@ fn drain(
 ) -> Result<usize> {
     let mut total = 0;
     for (i, cq) in cqs.iter().enumerate() {
-        loop {
+        // At most one CQ's worth per call, so a busy CQ cannot starve the caller (or the other
+        // CQs); what is left is found by the next poll, before any sleep.
+        let mut budget = cq.capacity() as usize + buf.len();
+        while budget > 0 {
             let n = cq.raw.poll(buf).map_err(Error::io("ibv_poll_cq"))?;
             for &raw in &buf[..n] {
                 on_wc(i, WorkCompletion { raw });
             }
             total += n;
+            budget = budget.saturating_sub(buf.len());
             if n < buf.len() {
                 break;
             }

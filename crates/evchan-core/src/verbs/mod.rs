@@ -38,6 +38,7 @@
 //! [`ibv_get_cq_event(3)`](https://man7.org/linux/man-pages/man3/ibv_get_cq_event.3.html),
 //! [`ibv_poll_cq(3)`](https://man7.org/linux/man-pages/man3/ibv_poll_cq.3.html),
 //! [`ibv_get_async_event(3)`](https://man7.org/linux/man-pages/man3/ibv_get_async_event.3.html).
+#![warn(missing_docs)]
 
 mod async_event;
 mod comp_channel;

@@ -121,10 +121,13 @@ impl<'pd, B: MrBuffer> Mr<'pd, B> {
     }
 
     /// `ibv_dereg_mr`, then gives the buffer back.
+    ///
+    /// # Errors
+    /// [`Error::Io`] with the `ibv_dereg_mr` error; the buffer is then leaked, not freed, since
+    /// the registration may still be in force. (Dropping the region does the same.)
     #[doc(alias = "ibv_dereg_mr")]
-    #[must_use]
-    pub fn into_inner(self) -> B {
-        self.raw.into_inner()
+    pub fn into_inner(self) -> Result<B> {
+        self.raw.into_inner().map_err(Error::io("ibv_dereg_mr"))
     }
 }
 

@@ -102,8 +102,8 @@ pub struct RtrAttr {
     pub rq_psn: u32,
     /// The remote GID (for RoCE, the remote interface address).
     pub dgid: [u8; 16],
-    /// Index of the local GID to send from ([`Gid::index`]).
-    pub sgid_index: u8,
+    /// Index of the local GID to send from ([`Gid::index`]; at most 255).
+    pub sgid_index: u32,
     /// Path MTU.
     pub path_mtu: Mtu,
     /// Minimal RNR NAK timer code (`min_rnr_timer`, 0..=31).
@@ -120,7 +120,7 @@ impl RtrAttr {
             dest_qp_num,
             rq_psn: 0,
             dgid,
-            sgid_index: u8::try_from(sgid.index).unwrap_or(u8::MAX),
+            sgid_index: sgid.index,
             path_mtu: Mtu::Mtu1024,
             min_rnr_timer: 12,
         }
@@ -278,6 +278,8 @@ impl<'res> Qp<'res> {
         if attr.rq_psn >= 1 << 24 {
             return Err(Error::InvalidArgument("a PSN has 24 bits"));
         }
+        let sgid_index = u8::try_from(attr.sgid_index)
+            .map_err(|_| Error::InvalidArgument("a route's GID index is at most 255"))?;
         self.modify(&ffi::QpModify {
             mask: QP_STATE
                 | QP_AV
@@ -293,7 +295,7 @@ impl<'res> Qp<'res> {
             rq_psn: attr.rq_psn,
             max_dest_rd_atomic: 1,
             min_rnr_timer: attr.min_rnr_timer,
-            grh: Some((attr.dgid, attr.sgid_index, 64)),
+            grh: Some((attr.dgid, sgid_index, 64)),
             ..Default::default()
         })
     }
