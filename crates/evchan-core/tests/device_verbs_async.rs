@@ -96,3 +96,67 @@ fn port_state_change_is_an_async_event() {
     }
     assert!(t.elapsed() >= Duration::from_millis(200));
 }
+
+/// A CQ overrun raises IBV_EVENT_CQ_ERR naming the CQ. libibverbs' ibv_destroy_cq waits until
+/// every async event naming the CQ is acked; the event is acked as soon as it is read, so
+/// dropping the CQ afterwards cannot hang, even with the guard still alive.
+#[test]
+fn cq_overrun_is_a_cq_err_async_event() {
+    use evchan_core::verbs::{CompChannel, Cq, Pd, Qp, QpCaps, RtsAttr};
+
+    let ctx = require_device!("cq_overrun_is_a_cq_err_async_event");
+    while let Some(ev) = ctx.try_get_async_event().unwrap() {
+        eprintln!("(earlier event: {ev:?})");
+    }
+    let gid = verbs_support::loopback_gid(&ctx);
+    let pd = Pd::new(&ctx).unwrap();
+    let ch = CompChannel::new(&ctx).unwrap();
+    let recv_cq = Cq::new(&ch, 256).unwrap();
+    let small = Cq::new(&ch, 1).unwrap();
+    let capacity = small.capacity();
+    eprintln!("a CQ of 1 entry has capacity {capacity}");
+    let overflow = capacity + 4;
+    let caps = QpCaps {
+        max_send_wr: overflow + 4,
+        max_recv_wr: overflow + 4,
+        ..QpCaps::default()
+    };
+    let a = Qp::new_rc(&pd, &small, &small, caps).unwrap();
+    let b = Qp::new_rc(&pd, &recv_cq, &recv_cq, caps).unwrap();
+    verbs_support::connect_pair(&a, &b, &gid, RtsAttr::default());
+    let mut posted = Vec::new();
+    for _ in 0..overflow {
+        posted.push(b.post_recv(pd.reg_mr(vec![0u8; 8]).unwrap(), 0..8).unwrap());
+    }
+    for _ in 0..overflow {
+        match a.post_send(pd.reg_mr(vec![0u8; 8]).unwrap(), 0..8, None) {
+            Ok(p) => posted.push(p),
+            Err(e) => {
+                eprintln!("post_send after the overrun: {e}");
+                break;
+            }
+        }
+    }
+    let element = {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let ev = ctx
+                .get_async_event_timeout(left)
+                .unwrap()
+                .expect("a CQ_ERR event within 20 s");
+            eprintln!("async event: {ev:?}");
+            if ev.kind() == AsyncEventKind::CqErr {
+                // The guard stays alive across the drop below: it no longer holds the ack.
+                break (ev.element(), ev);
+            }
+        }
+    };
+    assert_eq!(element.0, AsyncElement::Cq(small.id()));
+    drop(posted);
+    verbs_support::within(Duration::from_secs(20), "destroying the QP", || drop(a));
+    verbs_support::within(Duration::from_secs(20), "destroying the overrun CQ", || {
+        drop(small);
+    });
+    element.1.ack();
+}

@@ -951,6 +951,25 @@ unsafe impl Send for Qp<'_> {}
 // SAFETY: as above.
 unsafe impl Sync for Qp<'_> {}
 
+/// Flags of a send work request (`enum ibv_send_flags`, the ones evchan supports).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SendFlags {
+    /// `IBV_SEND_SIGNALED`: a completion also on success (failures always complete).
+    pub signaled: bool,
+    /// `IBV_SEND_SOLICITED`: the receiver's CQ, armed with `solicited_only`, raises an event.
+    pub solicited: bool,
+}
+
+impl Default for SendFlags {
+    /// Signaled, not solicited.
+    fn default() -> Self {
+        SendFlags {
+            signaled: true,
+            solicited: false,
+        }
+    }
+}
+
 /// One scatter/gather element (`struct ibv_sge`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Sge {
@@ -1048,15 +1067,15 @@ impl<'res> Qp<'res> {
     ///
     /// Every `sge` must lie in memory registered (under its `lkey`) with this QP's PD, and that
     /// memory must stay allocated, registered and not written by anyone else until the work
-    /// request's completion has been polled (or the QP is destroyed). Without `signaled` (and
-    /// without `sq_sig_all`) no completion comes; then until a later signaled one completes.
+    /// request's completion has been polled (or the QP is destroyed). Without
+    /// `flags.signaled` (and without `sq_sig_all`) no completion comes on success; then until
+    /// a later signaled one on the same QP has completed.
     pub(crate) unsafe fn post_send(
         &self,
         wr_id: u64,
         sges: &[Sge],
         imm: Option<u32>,
-        signaled: bool,
-        inline: bool,
+        flags: SendFlags,
     ) -> io::Result<()> {
         let mut sg: Vec<sys::ibv_sge> = sges
             .iter()
@@ -1073,14 +1092,14 @@ impl<'res> Qp<'res> {
         wr.sg_list = sg.as_mut_ptr();
         wr.num_sge =
             c_int::try_from(sg.len()).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
-        let mut flags = 0;
-        if signaled {
-            flags |= sys::ibv_send_flags::IBV_SEND_SIGNALED.0;
+        let mut bits = 0;
+        if flags.signaled {
+            bits |= sys::ibv_send_flags::IBV_SEND_SIGNALED.0;
         }
-        if inline {
-            flags |= sys::ibv_send_flags::IBV_SEND_INLINE.0;
+        if flags.solicited {
+            bits |= sys::ibv_send_flags::IBV_SEND_SOLICITED.0;
         }
-        wr.send_flags = flags;
+        wr.send_flags = bits;
         match imm {
             Some(imm) => {
                 wr.opcode = sys::ibv_wr_opcode::IBV_WR_SEND_WITH_IMM;
@@ -1136,17 +1155,22 @@ impl Qp<'_> {
         mr: Mr<'pd, B>,
         range: std::ops::Range<usize>,
         imm: Option<u32>,
-        signaled: bool,
+        solicited: bool,
     ) -> Result<Posted<'pd, B>, (io::Error, Mr<'pd, B>)> {
         let sge = match sge_of(&mr, range) {
             Ok(s) => s,
             Err(e) => return Err((e, mr)),
         };
         let wr_id = OWNED_WR_ID_BIT | NEXT_OWNED_WR_ID.fetch_add(1, Ordering::Relaxed);
+        let flags = SendFlags {
+            signaled: true,
+            solicited,
+        };
         // SAFETY: `sge` lies in `mr`, registered with a PD; `mr` (and so its buffer) moves into
-        // the returned Posted, which gives it back only for this work request's completion, or
-        // deregisters it before freeing it (no DMA after ibv_dereg_mr), or leaks it.
-        match unsafe { self.post_send(wr_id, &[sge], imm, signaled, false) } {
+        // the returned Posted, which gives it back only for this work request's completion
+        // (signaled, so there is one), or deregisters it before freeing it (no DMA after
+        // ibv_dereg_mr), or leaks it.
+        match unsafe { self.post_send(wr_id, &[sge], imm, flags) } {
             Ok(()) => Ok(Posted {
                 mr,
                 qp_num: self.qp_num(),

@@ -49,7 +49,7 @@ mod mr;
 mod qp;
 mod wc;
 
-pub use crate::ffi::verbs::{MrBuffer, Sge};
+pub use crate::ffi::verbs::{MrBuffer, SendFlags, Sge};
 pub use async_event::{AsyncElement, AsyncEvent, AsyncEventKind};
 pub use comp_channel::CompChannel;
 pub use cq::{Cq, CqEvent, CqId, ACK_BATCH};

@@ -5,7 +5,9 @@ use std::ops::Range;
 
 use crate::ffi::verbs as ffi;
 
-use super::{Cq, Error, Gid, Mr, MrBuffer, Mtu, Pd, PostError, Result, Sge, WorkCompletion};
+use super::{
+    Cq, Error, Gid, Mr, MrBuffer, Mtu, Pd, PostError, Result, SendFlags, Sge, WorkCompletion,
+};
 
 /// `IBV_QPT_RC`
 const QPT_RC: u32 = 2;
@@ -361,8 +363,34 @@ impl<'res> Qp<'res> {
         range: Range<usize>,
         imm: Option<u32>,
     ) -> std::result::Result<Posted<'pd, B>, PostError<'pd, B>> {
+        self.post_send_impl(mr, range, imm, false)
+    }
+
+    /// [`post_send`](Self::post_send) with `IBV_SEND_SOLICITED`: wakes a receiver whose CQ is
+    /// armed with `req_notify(true)` ([`Cq::req_notify`]).
+    ///
+    /// # Errors
+    /// As [`post_send`](Self::post_send).
+    #[doc(alias = "ibv_post_send")]
+    #[doc(alias = "IBV_SEND_SOLICITED")]
+    pub fn post_send_solicited<'pd, B: MrBuffer + 'static>(
+        &self,
+        mr: Mr<'pd, B>,
+        range: Range<usize>,
+        imm: Option<u32>,
+    ) -> std::result::Result<Posted<'pd, B>, PostError<'pd, B>> {
+        self.post_send_impl(mr, range, imm, true)
+    }
+
+    fn post_send_impl<'pd, B: MrBuffer + 'static>(
+        &self,
+        mr: Mr<'pd, B>,
+        range: Range<usize>,
+        imm: Option<u32>,
+        solicited: bool,
+    ) -> std::result::Result<Posted<'pd, B>, PostError<'pd, B>> {
         self.raw
-            .post_send_owned(mr.raw, range, imm, true)
+            .post_send_owned(mr.raw, range, imm, solicited)
             .map(|raw| Posted { raw })
             .map_err(|(source, raw)| PostError {
                 call: "ibv_post_send",
@@ -393,17 +421,16 @@ impl<'res> Qp<'res> {
             })
     }
 
-    /// `ibv_post_send` of one SEND work request made of `sges`, raw.
-    ///
-    /// `signaled`: whether it produces a completion when it succeeds (failures always do).
+    /// `ibv_post_send` of one SEND work request made of `sges`, raw (with immediate data
+    /// when `imm` is `Some`).
     ///
     /// # Safety
     ///
     /// - every [`Sge`] lies inside a memory region registered with this QP's [`Pd`], under that
     ///   region's `lkey` (e.g. from [`Mr::sge`]);
     /// - that memory stays allocated, registered, and unwritten by anyone until the work
-    ///   request has completed: its completion (or that of a later signaled send) has been
-    ///   polled, or the QP has been destroyed;
+    ///   request has completed: its completion (or, unsignaled, that of a later signaled send
+    ///   on this QP) has been polled, or the QP has been destroyed;
     /// - `wr_id` does not have its top bit set (those ids are reserved for [`Posted`]).
     ///
     /// # Errors
@@ -417,11 +444,10 @@ impl<'res> Qp<'res> {
         wr_id: u64,
         sges: &[Sge],
         imm: Option<u32>,
-        signaled: bool,
+        flags: SendFlags,
     ) -> Result<()> {
         // SAFETY: the caller upholds this function's contract, which is ffi's.
-        unsafe { self.raw.post_send(wr_id, sges, imm, signaled, false) }
-            .map_err(Error::io("ibv_post_send"))
+        unsafe { self.raw.post_send(wr_id, sges, imm, flags) }.map_err(Error::io("ibv_post_send"))
     }
 
     /// `ibv_post_recv` of one receive work request into `sges`, raw.
