@@ -28,3 +28,21 @@ fn no_device_is_its_own_error_with_advice() {
         Err(other) => panic!("ibv_get_device_list failed oddly: {other:?}"),
     }
 }
+
+#[test]
+fn handles_are_send_and_sync() {
+    fn send_sync<T: Send + Sync>() {}
+    use evchan_core::verbs::*;
+    send_sync::<DeviceList>();
+    send_sync::<Context>();
+    send_sync::<Pd<'static>>();
+    send_sync::<CompChannel<'static>>();
+    send_sync::<Cq<'static>>();
+    send_sync::<CqEvent<'static>>();
+    send_sync::<Mr<'static, Vec<u8>>>();
+    send_sync::<Qp<'static>>();
+    send_sync::<Posted<'static, Vec<u8>>>();
+    send_sync::<AsyncEvent<'static>>();
+    send_sync::<WorkCompletion>();
+    send_sync::<Error>();
+}

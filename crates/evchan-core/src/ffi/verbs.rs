@@ -263,19 +263,21 @@ impl Context {
 
     /// `ibv_get_async_event` on the (non-blocking) async fd: `Ok(None)` on `EAGAIN`.
     pub(crate) fn get_async_event(&self) -> io::Result<Option<RawAsyncEvent>> {
-        let mut ev = MaybeUninit::<sys::ibv_async_event>::zeroed();
-        // SAFETY: live context; `ev` is a valid out-pointer. The call only writes the element
-        // union and the event type as a C `enum` (a u32), which we read back as a u32 below.
-        let ret = unsafe { sys::ibv_get_async_event(self.ptr.as_ptr(), ev.as_mut_ptr()) };
-        if ret != 0 {
+        loop {
+            let mut ev = MaybeUninit::<sys::ibv_async_event>::zeroed();
+            // SAFETY: live context; `ev` is a valid out-pointer. The call only writes the
+            // element union and the event type as a C `enum` (a u32), read back as a u32.
+            let ret = unsafe { sys::ibv_get_async_event(self.ptr.as_ptr(), ev.as_mut_ptr()) };
+            if ret == 0 {
+                return Ok(Some(RawAsyncEvent::read(ev)));
+            }
             let e = sys::last_error();
-            return if e.kind() == io::ErrorKind::WouldBlock {
-                Ok(None)
-            } else {
-                Err(e)
-            };
+            match e.kind() {
+                io::ErrorKind::WouldBlock => return Ok(None),
+                io::ErrorKind::Interrupted => continue,
+                _ => return Err(e),
+            }
         }
-        Ok(Some(RawAsyncEvent::read(ev)))
     }
 }
 
@@ -687,15 +689,18 @@ impl<'ctx> CompChannel<'ctx> {
     pub(crate) fn get_cq_event(&self) -> io::Result<Option<CqEventAck>> {
         let mut cq: *mut sys::ibv_cq = ptr::null_mut();
         let mut cq_context: *mut c_void = ptr::null_mut();
-        // SAFETY: live channel; both out-pointers are valid.
-        let ret = unsafe { sys::ibv_get_cq_event(self.ptr.as_ptr(), &mut cq, &mut cq_context) };
-        if ret != 0 {
+        loop {
+            // SAFETY: live channel; both out-pointers are valid.
+            let ret = unsafe { sys::ibv_get_cq_event(self.ptr.as_ptr(), &mut cq, &mut cq_context) };
+            if ret == 0 {
+                break;
+            }
             let e = sys::last_error();
-            return if e.kind() == io::ErrorKind::WouldBlock {
-                Ok(None)
-            } else {
-                Err(e)
-            };
+            match e.kind() {
+                io::ErrorKind::WouldBlock => return Ok(None),
+                io::ErrorKind::Interrupted => continue,
+                _ => return Err(e),
+            }
         }
         self.events_read.fetch_add(1, Ordering::Relaxed);
         match NonNull::new(cq) {

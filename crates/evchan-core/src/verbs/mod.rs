@@ -13,6 +13,13 @@
 //! | a registered buffer must not move or be freed | [`Mr`] owns or exclusively borrows it |
 //! | the device owns a posted buffer until its completion | [`Qp::post_send`] / [`Qp::post_recv`] take the [`Mr`] by value and return it for the completion ([`Posted`]) |
 //!
+//! # Threads
+//!
+//! Every handle is `Send` and `Sync`: libibverbs objects are thread-safe, the pending-ack
+//! count of a CQ is atomic. Several threads may poll one CQ or post on one QP. Wait on one
+//! channel from one place at a time, though: CQs waited for by different threads belong on
+//! different channels (see [`CompChannel::wait`]).
+//!
 //! # Example
 //!
 //! ```no_run
