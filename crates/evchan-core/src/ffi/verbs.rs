@@ -1,5 +1,8 @@
 //! Owning handles of libibverbs objects, and the only calls into libibverbs.
 //!
+//! One file on purpose, past the usual size: every `unsafe` of the verbs side is here, to be
+//! reviewed together (the rdma_cm side keeps its own files next to it).
+//!
 //! # Safety
 //!
 //! Each handle owns one C object and frees it on drop. The lifetimes say what a C object needs
