@@ -1,5 +1,46 @@
-//! Safe, synchronous core of evchan.
+//! Safe, synchronous core of evchan: RDMA's event channels with the C library's rules carried
+//! by the types.
+//!
+//! - [`EventChannel`] — `rdma_create_event_channel`: the descriptor on which rdma_cm events
+//!   arrive; blocking, non-blocking and timed reads; [`AsFd`](std::os::fd::AsFd) for polling.
+//! - [`CmId`] (`cm::Id<'ch, State>`) — `rdma_create_id`: an id whose state is in its type, so
+//!   connecting before the route is resolved, or accepting on an active id, does not compile.
+//! - [`CmEvent`] (`cm::Event<'ch>`) — an event held until it is acked (on drop or by
+//!   [`ack`](cm::Event::ack)); its private data is borrowed from it.
+//! - [`verbs`] — the verbs side: devices and contexts, PD, memory regions, the completion
+//!   channel ([`verbs::CompChannel`]) with its CQs and batched acks, QPs, async device events.
+//!
+//! The invariants of librdmacm that the types carry:
+//!
+//! 1. a channel outlives its ids and events (they borrow it);
+//! 2. each event is acked exactly once, and its data is read only before the ack;
+//! 3. destroying or migrating an id never waits forever on an event the same thread holds (the
+//!    destroy is deferred to the ack; the migrate is refused with [`Error::Busy`]);
+//! 4. private data is checked against its limit before the call;
+//! 5. `ENODEV` is [`Error::NoDevice`], whose message says how to get a device.
+//!
+//! The invariants of libibverbs are listed in [`verbs`].
+//!
+//! All `unsafe` code lives in one private module (`ffi`); the rest of the crate denies it.
 #![deny(unsafe_code)]
+#![warn(missing_docs)]
 
+mod channel;
+pub mod cm;
+pub mod device;
+mod error;
 mod ffi;
 pub mod verbs;
+
+pub use channel::EventChannel;
+pub use cm::Event as CmEvent;
+pub use cm::Id as CmId;
+pub use error::{Error, NoDevice, PrivateDataTooLong, Result, UnexpectedEvent};
+
+/// The index of network interface `name` (`if_nametoindex(3)`), e.g. the scope id of an IPv6
+/// link-local address on it; `None` when there is no such interface.
+#[doc(alias = "if_nametoindex")]
+#[must_use]
+pub fn if_index(name: &str) -> Option<u32> {
+    ffi::addr::if_index(name)
+}

@@ -154,6 +154,19 @@ static const struct evchan_layout_entry evchan_layout[] = {
 	SF(ibv_async_event, element.port_num),
 	SF(ibv_async_event, event_type),
 
+	S(ibv_pd),
+	SF(ibv_pd, context),
+	SF(ibv_pd, handle),
+
+	S(ibv_mr),
+	SF(ibv_mr, context),
+	SF(ibv_mr, pd),
+	SF(ibv_mr, addr),
+	SF(ibv_mr, length),
+	SF(ibv_mr, handle),
+	SF(ibv_mr, lkey),
+	SF(ibv_mr, rkey),
+
 	S(ibv_comp_channel),
 	SF(ibv_comp_channel, context),
 	SF(ibv_comp_channel, fd),

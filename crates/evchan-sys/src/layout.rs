@@ -335,6 +335,8 @@ pub fn rust_layout() -> Vec<Entry> {
             element, element.cq, element.qp, element.srq, element.wq, element.port_num,
             event_type,
         }
+        ibv_pd { context, handle }
+        ibv_mr { context, pd, addr, length, handle, lkey, rkey }
         ibv_comp_channel { context, fd, refcnt }
         ibv_cq {
             context, channel, cq_context, handle, cqe, mutex, cond, comp_events_completed,

@@ -1,1 +1,141 @@
-//! Running cargo and reading its test results.
+//! Running cargo, reading libtest's result lines, finding test executables.
+
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+
+use crate::{root, Result};
+
+/// A `cargo` command in the workspace root, with the toolchain of `rust-toolchain.toml`.
+pub fn cargo(args: &[&str]) -> Command {
+    let mut cmd = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
+    cmd.args(args).current_dir(root());
+    cmd
+}
+
+/// Counts from libtest's `test result: …` lines.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Counts {
+    pub passed: u64,
+    pub failed: u64,
+    /// How many `test result:` lines were seen (one per test binary or doc-test run).
+    pub runs: u64,
+}
+
+impl Counts {
+    /// Adds one line of libtest output, if it is a result line.
+    pub fn add_line(&mut self, line: &str) {
+        let Some(rest) = line.trim().strip_prefix("test result: ") else {
+            return;
+        };
+        let number_before = |word: &str| {
+            rest.split(';')
+                .find_map(|part| {
+                    part.trim()
+                        .strip_suffix(word)?
+                        .trim()
+                        .rsplit(' ')
+                        .next()?
+                        .parse::<u64>()
+                        .ok()
+                })
+                .unwrap_or(0)
+        };
+        self.passed += number_before(" passed");
+        self.failed += number_before(" failed");
+        self.runs += 1;
+    }
+}
+
+/// Runs `cmd`, echoing its stdout while counting libtest results; returns (success, counts).
+pub fn run_counting(cmd: &mut Command) -> Result<(bool, Counts)> {
+    let mut child = cmd
+        .stdout(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("cannot run {:?}: {e}", cmd.get_program()))?;
+    let mut counts = Counts::default();
+    for line in BufReader::new(child.stdout.take().expect("piped")).lines() {
+        let Ok(line) = line else { break };
+        println!("{line}");
+        counts.add_line(&line);
+    }
+    let status = child.wait().map_err(|e| e.to_string())?;
+    Ok((status.success(), counts))
+}
+
+/// Builds the workspace's tests without running them and returns the executables of the test
+/// targets whose name starts with `prefix` (the device tests: `device_`), as (name, path).
+pub fn test_executables(prefix: &str) -> Result<Vec<(String, PathBuf)>> {
+    let out = cargo(&[
+        "test",
+        "--workspace",
+        "--no-run",
+        "--message-format=json-render-diagnostics",
+    ])
+    .stderr(Stdio::inherit())
+    .output()
+    .map_err(|e| format!("cannot run cargo: {e}"))?;
+    if !out.status.success() {
+        return Err("building the test binaries failed".into());
+    }
+    let mut found = Vec::new();
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        if !line.contains(r#""reason":"compiler-artifact""#) {
+            continue;
+        }
+        let (Some(name), Some(exe)) = (json_str(line, "name"), json_str(line, "executable")) else {
+            continue;
+        };
+        if name.starts_with(prefix) {
+            found.push((name, PathBuf::from(exe)));
+        }
+    }
+    found.sort();
+    found.dedup();
+    Ok(found)
+}
+
+/// The first string value of `"key":"…"` in one line of cargo's JSON (cargo writes it compactly;
+/// the first `name` of a compiler-artifact line is its target's). Escapes are not expected in
+/// target names or paths of this workspace; a value with one is skipped.
+fn json_str(line: &str, key: &str) -> Option<String> {
+    let start = line.find(&format!(r#""{key}":""#))? + key.len() + 4;
+    let len = line[start..].find('"')?;
+    let value = &line[start..start + len];
+    (!value.contains('\\')).then(|| value.to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counts_libtest_lines() {
+        let mut c = Counts::default();
+        c.add_line("test result: ok. 7 passed; 0 failed; 0 ignored; 0 measured; 0 filtered out; finished in 0.03s");
+        c.add_line(
+            "test result: FAILED. 3 passed; 2 failed; 1 ignored; 0 measured; 0 filtered out",
+        );
+        c.add_line("running 5 tests");
+        c.add_line("[single] test result: nope");
+        assert_eq!(
+            c,
+            Counts {
+                passed: 10,
+                failed: 2,
+                runs: 2
+            }
+        );
+    }
+
+    #[test]
+    fn reads_compiler_artifact_json() {
+        let line = r#"{"reason":"compiler-artifact","package_id":"x","target":{"kind":["test"],"name":"device_cm","src_path":"/a/b.rs"},"executable":"/t/debug/deps/device_cm-1234","fresh":true}"#;
+        assert_eq!(json_str(line, "name").as_deref(), Some("device_cm"));
+        assert_eq!(
+            json_str(line, "executable").as_deref(),
+            Some("/t/debug/deps/device_cm-1234")
+        );
+        assert_eq!(json_str(r#"{"executable":null}"#, "executable"), None);
+    }
+}

@@ -16,7 +16,10 @@ pub const PACKAGES: &[(&str, &str)] = &[
     ("rdma-core", "rdma_rxe user space"),
     ("ibverbs-providers", "the rxe verbs provider"),
     ("ibverbs-utils", "ibv_devinfo"),
-    ("rdmacm-utils", "rping, rdma_client/rdma_server, ucmatose, cmtime"),
+    (
+        "rdmacm-utils",
+        "rping, rdma_client/rdma_server, ucmatose, cmtime",
+    ),
     ("perftest", "ib_send_lat and friends"),
     ("librdmacm-dev", "librdmacm headers (rdma-sys)"),
     ("libibverbs-dev", "libibverbs headers (rdma-sys)"),
@@ -70,7 +73,7 @@ fn ensure_packages() -> Result<()> {
     let line = format!("apt-get install -y {}", missing.join(" "));
     if !is_root() {
         return Err(format!(
-            "missing Debian packages: {}; install them as root with:\n    apt-get update && {line}",
+            "missing Debian packages: {} (fix, as root: apt-get update && {line})",
             missing.join(", ")
         ));
     }
@@ -172,7 +175,8 @@ fn ensure_kernel() -> Result<Kernel> {
     run_checked(Command::new("depmod").arg("-b").arg(&staging).arg(&version))?;
     let final_dir = dir.join(&version);
     let _ = fs::remove_dir_all(&final_dir);
-    fs::rename(&staging, &final_dir).map_err(|e| format!("cannot move the kernel in place: {e}"))?;
+    fs::rename(&staging, &final_dir)
+        .map_err(|e| format!("cannot move the kernel in place: {e}"))?;
     let _ = fs::remove_dir_all(&dl);
     find_kernel(&dir).ok_or_else(|| format!("no vmlinuz in the unpacked {package}"))
 }
@@ -189,7 +193,11 @@ fn find_kernel(dir: &Path) -> Option<Kernel> {
             let base = e.path();
             let vmlinuz = base.join("boot").join(format!("vmlinuz-{version}"));
             let dep = base.join("lib/modules").join(&version).join("modules.dep");
-            (vmlinuz.is_file() && dep.is_file()).then_some(Kernel { version, vmlinuz, base })
+            (vmlinuz.is_file() && dep.is_file()).then_some(Kernel {
+                version,
+                vmlinuz,
+                base,
+            })
         })
         .collect();
     kernels.sort_by(|a, b| a.version.cmp(&b.version));

@@ -2,10 +2,30 @@
 //!
 //! # Safety
 //!
-//! Every `unsafe` block of the crate lives below this module. Each block carries a `// SAFETY:`
-//! comment and each `unsafe fn` a `# Safety` section. The handle types defined here are sound
-//! on their own: their lifetimes encode the destruction order libibverbs and librdmacm require,
-//! so the safe modules above can only misuse them in ways the borrow checker rejects.
+//! Everything unsafe in the crate lives under this module; the rest of the crate is
+//! `#![deny(unsafe_code)]` and only calls the safe, crate-private wrappers defined here (the
+//! one exception: the `unsafe fn` raw posts of the public API, which only declare the caller's
+//! contract and forward here). Each block carries a `// SAFETY:` comment and each `unsafe fn` a
+//! `# Safety` section.
+//!
+//! The wrappers own their C objects and carry the lifetimes that librdmacm and libibverbs
+//! require, so that the borrow checker enforces the C contracts even inside this module:
+//!
+//! - [`cm::RawChannel`] owns an `rdma_event_channel`; every [`cm::Id`] and [`cm::RawEvent`]
+//!   borrows it (`'ch`), so the channel is destroyed only after all of them.
+//! - [`cm::Id`] owns an `rdma_cm_id` together with a shared record that counts the events read
+//!   for the id and not yet acked. `rdma_destroy_id` and `rdma_migrate_id` block until every
+//!   event already read for the id is acked; the record defers the destroy to the last ack and
+//!   refuses a migrate while events are pending, so neither can hang the thread that holds the
+//!   event.
+//! - [`cm::RawEvent`] owns one `rdma_cm_event` until `rdma_ack_cm_event`, and with it the private
+//!   data the event points into.
+//! - [`verbs`]: the device context, PD, memory regions, completion channel, CQs and QPs, each borrowing what it needs alive;
+//!   the table is in its docs.
+//!
+//! Socket address conversions are in [`addr`].
 #![allow(unsafe_code)]
 
+pub(crate) mod addr;
+pub(crate) mod cm;
 pub(crate) mod verbs;

@@ -48,6 +48,7 @@
 #![warn(missing_docs)]
 
 mod async_event;
+mod cm;
 mod comp_channel;
 mod cq;
 mod device;
@@ -58,6 +59,7 @@ mod wc;
 
 pub use crate::ffi::verbs::{MrBuffer, SendFlags, Sge};
 pub use async_event::{AsyncElement, AsyncEvent, AsyncEventKind};
+pub use cm::{ContextRef, PdRef, QpInit};
 pub use comp_channel::CompChannel;
 pub use cq::{Cq, CqEvent, CqId, ACK_BATCH};
 pub use device::{Context, Device, DeviceList, Gid, GidType, LinkLayer, Mtu, Pd, Port, PortState};

@@ -108,7 +108,11 @@ pub fn cli(args: &[String]) -> Result<i32> {
                 print!("{}", crate::USAGE);
                 return Ok(0);
             }
-            other => return Err(format!("unknown vm option `{other}` (the command goes after `--`)")),
+            other => {
+                return Err(format!(
+                    "unknown vm option `{other}` (the command goes after `--`)"
+                ))
+            }
         }
     }
     if command.is_empty() {
@@ -149,7 +153,11 @@ pub fn run(job: &Job, out: &mut dyn FnMut(&str)) -> Result<Outcome> {
     let share = fresh_share()?;
     write_share(&share, job)?;
 
-    let roles: &[&str] = if job.server.is_some() { &["a", "b"] } else { &["single"] };
+    let roles: &[&str] = if job.server.is_some() {
+        &["a", "b"]
+    } else {
+        &["single"]
+    };
     let wire = share.join("wire.sock");
     let mut vms = Vec::new();
     let (tx, rx) = mpsc::channel::<(usize, Option<String>)>();
@@ -159,26 +167,40 @@ pub fn run(job: &Job, out: &mut dyn FnMut(&str)) -> Result<Outcome> {
         match *role {
             "a" => {
                 let _ = fs::remove_file(&wire);
-                cmd.args(["-netdev", &format!("stream,id=n0,server=on,addr.type=unix,addr.path={}", wire.display())]);
+                cmd.args([
+                    "-netdev",
+                    &format!(
+                        "stream,id=n0,server=on,addr.type=unix,addr.path={}",
+                        wire.display()
+                    ),
+                ]);
             }
             "b" => {
                 wait_for_socket(&wire, &mut vms)?;
-                cmd.args(["-netdev", &format!("stream,id=n0,server=off,addr.type=unix,addr.path={}", wire.display())]);
+                cmd.args([
+                    "-netdev",
+                    &format!(
+                        "stream,id=n0,server=off,addr.type=unix,addr.path={}",
+                        wire.display()
+                    ),
+                ]);
             }
             _ => {}
         }
         if *role != "single" {
             cmd.args(["-device", "virtio-net-pci,netdev=n0"]);
         }
-        let mut child = cmd
-            .spawn()
-            .map_err(|e| format!("cannot start qemu-system-x86_64: {e} (run `cargo xtask setup`)"))?;
+        let mut child = cmd.spawn().map_err(|e| {
+            format!("cannot start qemu-system-x86_64: {e} (run `cargo xtask setup`)")
+        })?;
         let stdout = child.stdout.take().expect("piped");
         let tx = tx.clone();
         std::thread::spawn(move || {
             for line in BufReader::new(stdout).split(b'\n') {
                 let Ok(line) = line else { break };
-                let text = String::from_utf8_lossy(&line).trim_end_matches('\r').to_owned();
+                let text = String::from_utf8_lossy(&line)
+                    .trim_end_matches('\r')
+                    .to_owned();
                 if tx.send((i, Some(text))).is_err() {
                     return;
                 }
@@ -204,7 +226,11 @@ pub fn run(job: &Job, out: &mut dyn FnMut(&str)) -> Result<Outcome> {
     while vms.iter().any(|v| !v.eof) {
         let now = Instant::now();
         let boot_deadline = started + BOOT_TIMEOUT;
-        let next = if vms.iter().all(|v| v.began.is_some()) { deadline } else { deadline.min(boot_deadline) };
+        let next = if vms.iter().all(|v| v.began.is_some()) {
+            deadline
+        } else {
+            deadline.min(boot_deadline)
+        };
         let wait = next.saturating_duration_since(now);
         match rx.recv_timeout(wait) {
             Ok((i, Some(line))) => {
@@ -238,7 +264,10 @@ pub fn run(job: &Job, out: &mut dyn FnMut(&str)) -> Result<Outcome> {
                 timed_out = Some(if Instant::now() >= deadline {
                     format!("the job did not finish within {} s", job.timeout.as_secs())
                 } else if booting {
-                    format!("a guest did not reach its job within {} s of boot", BOOT_TIMEOUT.as_secs())
+                    format!(
+                        "a guest did not reach its job within {} s of boot",
+                        BOOT_TIMEOUT.as_secs()
+                    )
                 } else {
                     "timed out".to_owned()
                 });
@@ -252,7 +281,11 @@ pub fn run(job: &Job, out: &mut dyn FnMut(&str)) -> Result<Outcome> {
         let _ = vm.child.wait();
     }
 
-    let boot = vms.iter().map(|v| v.began).collect::<Option<Vec<_>>>().and_then(|b| b.into_iter().max());
+    let boot = vms
+        .iter()
+        .map(|v| v.began)
+        .collect::<Option<Vec<_>>>()
+        .and_then(|b| b.into_iter().max());
     if let Some(b) = boot {
         eprintln!("evchan-vm: booted to the job in {:.1} s", b.as_secs_f64());
     }
@@ -276,7 +309,11 @@ pub fn run(job: &Job, out: &mut dyn FnMut(&str)) -> Result<Outcome> {
     }
     if !problems.is_empty() {
         for vm in &vms {
-            eprintln!("---- last {} console lines of VM {} ----", vm.console.len(), vm.role);
+            eprintln!(
+                "---- last {} console lines of VM {} ----",
+                vm.console.len(),
+                vm.role
+            );
             for l in &vm.console {
                 eprintln!("{l}");
             }
@@ -328,8 +365,19 @@ fn qemu(kernel: &Kernel, initrd: &Path, share: &Path, role: &str) -> Command {
     let mut cmd = Command::new("setpriv");
     cmd.args(["--pdeathsig", "KILL", "--", "qemu-system-x86_64"]);
     cmd.args(["-accel", "tcg", "-cpu", "max", "-smp", "2", "-m", "1024"]);
-    cmd.args(["-nodefaults", "-no-user-config", "-no-reboot", "-display", "none"]);
-    cmd.args(["-chardev", "stdio,id=con,signal=off", "-serial", "chardev:con"]);
+    cmd.args([
+        "-nodefaults",
+        "-no-user-config",
+        "-no-reboot",
+        "-display",
+        "none",
+    ]);
+    cmd.args([
+        "-chardev",
+        "stdio,id=con,signal=off",
+        "-serial",
+        "chardev:con",
+    ]);
     cmd.arg("-kernel").arg(&kernel.vmlinuz);
     cmd.arg("-initrd").arg(initrd);
     cmd.arg("-append").arg(format!(
@@ -344,7 +392,9 @@ fn qemu(kernel: &Kernel, initrd: &Path, share: &Path, role: &str) -> Command {
         "local,path={},mount_tag=share,security_model=none,multidevs=remap",
         share.display()
     ));
-    cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::inherit());
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit());
     cmd
 }
 
@@ -387,7 +437,10 @@ fn fresh_share() -> Result<PathBuf> {
             return Ok(dir);
         }
     }
-    Err(format!("cannot create a run directory under {}", runs.display()))
+    Err(format!(
+        "cannot create a run directory under {}",
+        runs.display()
+    ))
 }
 
 /// The job scripts, its environment and working directory, and the scratch mounts.
@@ -399,7 +452,8 @@ fn write_share(share: &Path, job: &Job) -> Result<()> {
     let cwd = std::env::current_dir().map_err(|e| e.to_string())?;
     write("cwd", &cwd.display().to_string())?;
     let mut env = String::new();
-    let inherited = std::env::vars().filter(|(k, _)| k.starts_with("EVCHAN_") || k.starts_with("RUST_"));
+    let inherited =
+        std::env::vars().filter(|(k, _)| k.starts_with("EVCHAN_") || k.starts_with("RUST_"));
     for (k, v) in inherited.chain(job.env.iter().cloned()) {
         if k.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_') {
             let _ = writeln!(env, "export {k}={}", shell_join(&[v]));
@@ -442,7 +496,8 @@ fn initramfs(kernel: &Kernel) -> Result<PathBuf> {
         .map(Path::new)
         .find(|p| p.is_file())
         .ok_or("no busybox: apt-get install -y busybox-static")?;
-    fs::copy(busybox, staging.join("bin/busybox")).map_err(|e| format!("cannot copy busybox: {e}"))?;
+    fs::copy(busybox, staging.join("bin/busybox"))
+        .map_err(|e| format!("cannot copy busybox: {e}"))?;
     fs::write(staging.join("init"), INIT).map_err(|e| e.to_string())?;
     set_executable(&staging.join("init"))?;
     set_executable(&staging.join("bin/busybox"))?;
@@ -453,7 +508,14 @@ fn initramfs(kernel: &Kernel) -> Result<PathBuf> {
             .arg("-d")
             .arg(&kernel.base)
             // `-C /dev/null`: no module options from this host's modprobe.d.
-            .args(["-C", "/dev/null", "-S", &kernel.version, "--show-depends", m])
+            .args([
+                "-C",
+                "/dev/null",
+                "-S",
+                &kernel.version,
+                "--show-depends",
+                m,
+            ])
             .output()
             .map_err(|e| format!("cannot run modprobe: {e} (apt-get install -y kmod)"))?;
         if !o.status.success() {
@@ -463,7 +525,9 @@ fn initramfs(kernel: &Kernel) -> Result<PathBuf> {
             ));
         }
         for line in String::from_utf8_lossy(&o.stdout).lines() {
-            let Some(rest) = line.strip_prefix("insmod ") else { continue };
+            let Some(rest) = line.strip_prefix("insmod ") else {
+                continue;
+            };
             let path = Path::new(rest.split_whitespace().next().unwrap_or_default());
             let name = path
                 .file_name()
@@ -510,5 +574,6 @@ fn initramfs(kernel: &Kernel) -> Result<PathBuf> {
 
 fn set_executable(p: &Path) -> Result<()> {
     use std::os::unix::fs::PermissionsExt;
-    fs::set_permissions(p, fs::Permissions::from_mode(0o755)).map_err(|e| format!("chmod {}: {e}", p.display()))
+    fs::set_permissions(p, fs::Permissions::from_mode(0o755))
+        .map_err(|e| format!("chmod {}: {e}", p.display()))
 }

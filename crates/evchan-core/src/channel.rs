@@ -1,0 +1,191 @@
+//! The rdma_cm event channel.
+
+use std::fmt;
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use evchan_sys::fd as sysfd;
+
+use crate::cm::Event;
+use crate::error::{Error, Result};
+use crate::ffi::cm::RawChannel;
+
+/// An rdma_cm event channel (`struct rdma_event_channel`): the file descriptor on which the
+/// events of its ids arrive.
+///
+/// `rdma_create_event_channel` opens it ([`EventChannel::new`]); dropping it calls
+/// `rdma_destroy_event_channel`. Every [`CmId`](crate::CmId) created on the channel and every
+/// [`CmEvent`](crate::CmEvent) read from it borrows it, so dropping the channel before them is a
+/// compile error:
+///
+/// ```compile_fail
+/// use evchan_core::{cm, CmId, EventChannel};
+/// let channel = EventChannel::new().unwrap();
+/// let id = CmId::new(&channel, cm::PortSpace::Tcp).unwrap();
+/// drop(channel); // error: `channel` is borrowed by `id`
+/// drop(id);
+/// ```
+///
+/// Events are read blocking ([`get_event`](Self::get_event)), without blocking
+/// ([`try_get_event`](Self::try_get_event)) or with a timeout
+/// ([`get_event_timeout`](Self::get_event_timeout)). The descriptor ([`AsFd`]) can be polled
+/// with `poll`/`epoll`; readiness is edge-like in practice, so after a wake-up read until
+/// `Ok(None)`.
+///
+/// The channel is `Send` and `Sync`: several threads may read one channel, each event going to
+/// exactly one of them. With several readers, put the channel in non-blocking mode
+/// ([`set_nonblocking`](Self::set_nonblocking)): in blocking mode `try_get_event` and
+/// `get_event_timeout` poll before they read, and another reader may take the event in between,
+/// so the read would wait for the next one.
+///
+/// # Examples
+///
+/// ```no_run
+/// use std::time::Duration;
+/// use evchan_core::EventChannel;
+///
+/// let channel = EventChannel::new()?; // `Error::NoDevice` without an RDMA device
+/// channel.set_nonblocking(true)?;
+/// assert!(channel.try_get_event()?.is_none());
+/// assert!(channel.get_event_timeout(Duration::from_millis(10))?.is_none());
+/// # Ok::<(), evchan_core::Error>(())
+/// ```
+///
+/// # References
+/// `rdma_create_event_channel(3)`, `rdma_destroy_event_channel(3)`, `rdma_get_cm_event(3)`.
+#[doc(alias = "rdma_event_channel")]
+#[doc(alias = "rdma_create_event_channel")]
+#[doc(alias = "rdma_destroy_event_channel")]
+pub struct EventChannel {
+    raw: RawChannel,
+    nonblocking: AtomicBool,
+}
+
+impl fmt::Debug for EventChannel {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("EventChannel")
+            .field("fd", &self.as_raw_fd())
+            .field("nonblocking", &self.is_nonblocking())
+            .finish()
+    }
+}
+
+impl EventChannel {
+    /// `rdma_create_event_channel`: opens a channel, in blocking mode.
+    ///
+    /// # Errors
+    /// [`Error::NoDevice`] when the machine has no RDMA device (`ENODEV`); its message says how
+    /// to get one. Other OS errors as [`Error::Os`].
+    #[doc(alias = "rdma_create_event_channel")]
+    pub fn new() -> Result<Self> {
+        let raw = RawChannel::create().map_err(|e| Error::os("rdma_create_event_channel", e))?;
+        Ok(Self {
+            raw,
+            nonblocking: AtomicBool::new(false),
+        })
+    }
+
+    /// `rdma_destroy_event_channel`: the same as dropping the channel. Only possible once every
+    /// id created on it and every event read from it is gone.
+    #[doc(alias = "rdma_destroy_event_channel")]
+    pub fn destroy(self) {
+        drop(self);
+    }
+
+    pub(crate) fn raw(&self) -> &RawChannel {
+        &self.raw
+    }
+
+    /// Sets or clears `O_NONBLOCK` on the channel's descriptor (`fcntl(F_SETFL)`).
+    ///
+    /// # Errors
+    /// The `fcntl` error.
+    pub fn set_nonblocking(&self, nonblocking: bool) -> Result<()> {
+        sysfd::set_nonblocking(self.as_fd(), nonblocking).map_err(|e| Error::os("fcntl", e))?;
+        self.nonblocking.store(nonblocking, Ordering::Release);
+        Ok(())
+    }
+
+    /// Whether the channel is in non-blocking mode (as set by [`Self::set_nonblocking`]).
+    #[must_use]
+    pub fn is_nonblocking(&self) -> bool {
+        self.nonblocking.load(Ordering::Acquire)
+    }
+
+    /// One `rdma_get_cm_event` read; `EINTR` retried.
+    fn read(&self) -> Result<Option<Event<'_>>> {
+        match sysfd::retry_eintr(|| self.raw.get_event()) {
+            Ok(raw) => Ok(Some(Event::new(raw))),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(None),
+            Err(e) => Err(Error::os("rdma_get_cm_event", e)),
+        }
+    }
+
+    fn poll(&self, timeout: Option<Duration>) -> Result<bool> {
+        sysfd::poll_readable(self.as_fd(), timeout).map_err(|e| Error::os("poll", e))
+    }
+
+    /// `rdma_get_cm_event`: waits for the next event.
+    ///
+    /// In non-blocking mode it polls the descriptor between reads, so it waits in either mode.
+    ///
+    /// # Errors
+    /// The OS error of the read.
+    #[doc(alias = "rdma_get_cm_event")]
+    pub fn get_event(&self) -> Result<Event<'_>> {
+        loop {
+            if let Some(ev) = self.read()? {
+                return Ok(ev);
+            }
+            self.poll(None)?;
+        }
+    }
+
+    /// `rdma_get_cm_event` without waiting: `Ok(None)` when no event is ready (`EAGAIN`).
+    ///
+    /// # Errors
+    /// The OS error of the read.
+    #[doc(alias = "rdma_get_cm_event")]
+    pub fn try_get_event(&self) -> Result<Option<Event<'_>>> {
+        if !self.is_nonblocking() && !self.poll(Some(Duration::ZERO))? {
+            return Ok(None);
+        }
+        self.read()
+    }
+
+    /// `rdma_get_cm_event`, waiting at most `timeout` (`poll`, then a read): `Ok(None)` when no
+    /// event came in time.
+    ///
+    /// # Errors
+    /// The OS error of the poll or the read.
+    #[doc(alias = "rdma_get_cm_event")]
+    pub fn get_event_timeout(&self, timeout: Duration) -> Result<Option<Event<'_>>> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if !self.poll(Some(left))? {
+                return Ok(None);
+            }
+            if let Some(ev) = self.read()? {
+                return Ok(Some(ev));
+            }
+            if left.is_zero() {
+                return Ok(None);
+            }
+        }
+    }
+}
+
+impl AsFd for EventChannel {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.raw.fd()
+    }
+}
+
+impl AsRawFd for EventChannel {
+    fn as_raw_fd(&self) -> RawFd {
+        self.raw.fd().as_raw_fd()
+    }
+}

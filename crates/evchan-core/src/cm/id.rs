@@ -1,0 +1,528 @@
+//! The typestate id.
+
+use std::fmt;
+use std::marker::PhantomData;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use super::param::{check_private_data, ConnParam};
+use super::state::{
+    AddrResolved, Bound, CanAccept, CanConnect, CanCreateQp, CanDisconnect, CanListen,
+    CanResolveAddr, Connected, Connecting, Disconnected, HasDevice, Idle, Listening, ResolvingAddr,
+    ResolvingRoute, RouteResolved, State,
+};
+use super::{Event, EventKind, PortSpace};
+use crate::error::{Error, Message, Result, UnexpectedEvent};
+use crate::ffi::cm::Id as RawId;
+use crate::verbs::{ContextRef, PdRef, QpInit};
+use crate::EventChannel;
+
+/// An opaque key naming one id, to match events to ids ([`Event::id`], [`Id::key`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct IdKey(pub(crate) usize);
+
+/// An rdma_cm id (`struct rdma_cm_id`) on the channel `'ch`, in state `S`.
+///
+/// `rdma_create_id` creates it ([`Id::new`]) in state [`Idle`]; each operation consumes the id
+/// and returns it in its next state, and operations whose completion arrives as an event take
+/// that event as proof ([`Id::addr_resolved`], [`Id::route_resolved`], [`Id::established`]).
+/// Calling an operation in the wrong state is a compile error.
+///
+/// Dropping the id calls `rdma_destroy_id` (after `rdma_destroy_qp` if it has a QP). If an event
+/// counted against the id is still unacked, the destroy is deferred to that event's ack instead
+/// of blocking forever as the C call would.
+///
+/// The id borrows its channel: the channel cannot be dropped while the id lives, and
+/// [`Id::migrate`] moves the id to another channel's lifetime. The id is `Send` but not `Sync`.
+///
+/// A failed operation gives the id back in its old state inside a [`TransitionError`].
+///
+/// # Examples
+///
+/// The active side, up to a resolved route:
+///
+/// ```no_run
+/// use std::time::Duration;
+/// use evchan_core::{cm, CmId, EventChannel};
+///
+/// let channel = EventChannel::new()?;
+/// let timeout = Duration::from_secs(2);
+/// let id = CmId::new(&channel, cm::PortSpace::Tcp)?
+///     .resolve_addr(None, ([169, 254, 77, 1], 7471).into(), timeout)?;
+/// let id = id.addr_resolved(&channel.get_event()?)?;
+/// let id = id.resolve_route(timeout)?;
+/// let id = id.route_resolved(&channel.get_event()?)?;
+/// println!("route to {:?} on {}", id.peer_addr(), id.verbs().name());
+/// # Ok::<(), evchan_core::Error>(())
+/// ```
+///
+/// Connecting before the route is resolved does not compile:
+///
+/// ```compile_fail
+/// # use evchan_core::{cm, CmId, EventChannel};
+/// # fn f(id: CmId<'_, cm::state::AddrResolved>) {
+/// let _ = id.connect(&cm::ConnParam::new());
+/// # }
+/// ```
+///
+/// # References
+/// `rdma_create_id(3)`, `rdma_destroy_id(3)`, `rdma_cm(7)`.
+#[doc(alias = "rdma_cm_id")]
+#[doc(alias = "rdma_create_id")]
+#[doc(alias = "rdma_destroy_id")]
+pub struct Id<'ch, S: State = Idle> {
+    raw: RawId<'ch>,
+    _state: PhantomData<S>,
+}
+
+impl<S: State> fmt::Debug for Id<'_, S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CmId")
+            .field("state", &S::NAME)
+            .field("key", &self.key())
+            .field("port_space", &self.port_space())
+            .field("local", &self.raw.local_addr())
+            .field("peer", &self.raw.peer_addr())
+            .finish()
+    }
+}
+
+/// A failed transition: the error, and the id back in its old state.
+///
+/// `?` converts it into [`Error`] (dropping the id).
+#[derive(Debug)]
+pub struct TransitionError<I> {
+    /// The id, unchanged.
+    pub id: I,
+    /// What went wrong.
+    pub error: Error,
+}
+
+impl<I> TransitionError<I> {
+    /// The id, unchanged.
+    pub fn into_id(self) -> I {
+        self.id
+    }
+}
+
+impl<I> fmt::Display for TransitionError<I> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.error.fmt(f)
+    }
+}
+
+impl<I: fmt::Debug> std::error::Error for TransitionError<I> {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.error)
+    }
+}
+
+impl<I> From<TransitionError<I>> for Error {
+    fn from(e: TransitionError<I>) -> Self {
+        e.error
+    }
+}
+
+/// The result of a transition of an id in state `S`.
+pub type Transition<'ch, S, T> = std::result::Result<T, TransitionError<Id<'ch, S>>>;
+
+impl<'ch> Id<'ch, Idle> {
+    /// `rdma_create_id`: a new id on `channel` in port space `ps`.
+    ///
+    /// # Errors
+    /// [`Error::NoDevice`] without an RDMA device; the OS error otherwise.
+    #[doc(alias = "rdma_create_id")]
+    pub fn new(channel: &'ch EventChannel, ps: PortSpace) -> Result<Self> {
+        RawId::create(channel.raw(), ps.code())
+            .map(Self::from_raw)
+            .map_err(|e| Error::os("rdma_create_id", e))
+    }
+
+    /// `rdma_bind_addr`: binds the id to a local address (port 0 picks a free port).
+    ///
+    /// # Errors
+    /// The OS error (e.g. `EADDRINUSE`, `EADDRNOTAVAIL`), with the id back.
+    #[doc(alias = "rdma_bind_addr")]
+    pub fn bind(self, addr: SocketAddr) -> Transition<'ch, Idle, Id<'ch, Bound>> {
+        match self.raw.bind(addr) {
+            Ok(()) => Ok(self.into_state()),
+            Err(e) => Err(self.fail(Error::os("rdma_bind_addr", e))),
+        }
+    }
+}
+
+impl<'ch, S: State> Id<'ch, S> {
+    pub(crate) fn from_raw(raw: RawId<'ch>) -> Self {
+        Self {
+            raw,
+            _state: PhantomData,
+        }
+    }
+
+    fn into_state<T: State>(self) -> Id<'ch, T> {
+        Id {
+            raw: self.raw,
+            _state: PhantomData,
+        }
+    }
+
+    fn fail(self, error: Error) -> TransitionError<Self> {
+        TransitionError { id: self, error }
+    }
+
+    /// The key that names this id in its events ([`Event::id`]).
+    #[must_use]
+    pub fn key(&self) -> IdKey {
+        IdKey(self.raw.key())
+    }
+
+    /// `rdma_cm_id::ps`: the port space.
+    #[must_use]
+    pub fn port_space(&self) -> PortSpace {
+        PortSpace::from_code(self.raw.port_space())
+    }
+
+    /// `rdma_get_local_addr`: the local address, once bound or resolved.
+    #[doc(alias = "rdma_get_local_addr")]
+    #[must_use]
+    pub fn local_addr(&self) -> Option<SocketAddr> {
+        self.raw.local_addr()
+    }
+
+    /// `rdma_get_peer_addr`: the destination address, once resolving or connected.
+    #[doc(alias = "rdma_get_peer_addr")]
+    #[must_use]
+    pub fn peer_addr(&self) -> Option<SocketAddr> {
+        self.raw.peer_addr()
+    }
+
+    /// Events read for this id (for a listener, its `CONNECT_REQUEST`s) not acked yet.
+    #[must_use]
+    pub fn unacked_events(&self) -> usize {
+        self.raw.pending()
+    }
+
+    /// `rdma_migrate_id`: moves the id to `channel`; its later events arrive there, and the id
+    /// now borrows `channel` instead of its old channel.
+    ///
+    /// # Errors
+    /// [`Error::Busy`] while an event counted against the id is unacked (the C call would wait
+    /// for its ack forever); the OS error otherwise. The id comes back unchanged.
+    #[doc(alias = "rdma_migrate_id")]
+    pub fn migrate<'to>(self, channel: &'to EventChannel) -> Transition<'ch, S, Id<'to, S>> {
+        let pending = self.raw.pending();
+        match self.raw.migrate(channel.raw()) {
+            Ok(raw) => Ok(Id::from_raw(raw)),
+            Err((raw, e)) => {
+                let error = if e.raw_os_error() == Some(libc::EBUSY) && pending > 0 {
+                    Error::Busy {
+                        call: "rdma_migrate_id",
+                        pending,
+                    }
+                } else {
+                    Error::os("rdma_migrate_id", e)
+                };
+                Err(Id::from_raw(raw).fail(error))
+            }
+        }
+    }
+
+    /// `rdma_destroy_id`: the same as dropping the id (deferred while its events are unacked).
+    #[doc(alias = "rdma_destroy_id")]
+    pub fn destroy(self) {
+        drop(self);
+    }
+
+    /// `rdma_resolve_addr`: starts resolving `dst` (and `src`, if given) to an RDMA device;
+    /// completes with an `ADDR_RESOLVED` or `ADDR_ERROR` event, for [`Id::addr_resolved`].
+    ///
+    /// # Errors
+    /// The OS error of the call, with the id back.
+    #[doc(alias = "rdma_resolve_addr")]
+    pub fn resolve_addr(
+        self,
+        src: Option<SocketAddr>,
+        dst: SocketAddr,
+        timeout: Duration,
+    ) -> Transition<'ch, S, Id<'ch, ResolvingAddr>>
+    where
+        S: CanResolveAddr,
+    {
+        match self.raw.resolve_addr(src, dst, timeout) {
+            Ok(()) => Ok(self.into_state()),
+            Err(e) => Err(self.fail(Error::os("rdma_resolve_addr", e))),
+        }
+    }
+
+    /// `rdma_listen`: listens for connection requests (binding to any address first if the id is
+    /// idle); they arrive as `CONNECT_REQUEST` events.
+    ///
+    /// # Errors
+    /// The OS error (e.g. `EADDRINUSE`), with the id back.
+    #[doc(alias = "rdma_listen")]
+    pub fn listen(self, backlog: i32) -> Transition<'ch, S, Id<'ch, Listening>>
+    where
+        S: CanListen,
+    {
+        match self.raw.listen(backlog) {
+            Ok(()) => Ok(self.into_state()),
+            Err(e) => Err(self.fail(Error::os("rdma_listen", e))),
+        }
+    }
+
+    /// `rdma_cm_id::verbs`: the device context of the id.
+    ///
+    /// # Panics
+    /// Never in practice: librdmacm guarantees a device in these states (it turns an address
+    /// resolution without one into `ADDR_ERROR`).
+    #[must_use]
+    pub fn verbs(&self) -> ContextRef<'_>
+    where
+        S: HasDevice,
+    {
+        ContextRef::new(
+            self.raw
+                .verbs()
+                .expect("librdmacm: an id with a device has `verbs`"),
+        )
+    }
+
+    /// `rdma_cm_id::pd`: the protection domain librdmacm allocated for the id's device (used by
+    /// [`Id::create_qp`]).
+    #[must_use]
+    pub fn pd(&self) -> Option<PdRef<'_>>
+    where
+        S: HasDevice,
+    {
+        self.raw.pd().map(PdRef::new)
+    }
+
+    /// `rdma_cm_id::port_num`: the device port of the id.
+    #[must_use]
+    pub fn port_num(&self) -> u8
+    where
+        S: HasDevice,
+    {
+        self.raw.port_num()
+    }
+
+    /// The QP number, once [`Id::create_qp`] has run.
+    #[must_use]
+    pub fn qp_num(&self) -> Option<u32> {
+        self.raw.qp_num()
+    }
+
+    /// `rdma_create_qp`: creates the id's QP (RC for TCP/IB port spaces, UD for UDP) on its PD,
+    /// with completion queues librdmacm creates; the QP is destroyed with the id. With a QP,
+    /// `connect`/`accept` complete with `ESTABLISHED` (without one, the active side gets
+    /// `CONNECT_RESPONSE`).
+    ///
+    /// # Errors
+    /// The OS error; `EINVAL` when the id already has a QP.
+    #[doc(alias = "rdma_create_qp")]
+    pub fn create_qp(&mut self, init: &QpInit) -> Result<()>
+    where
+        S: CanCreateQp,
+    {
+        if self.raw.qp_num().is_some() {
+            return Err(Error::os(
+                "rdma_create_qp",
+                std::io::Error::from_raw_os_error(libc::EINVAL),
+            ));
+        }
+        self.raw
+            .create_qp(init.caps())
+            .map_err(|e| Error::os("rdma_create_qp", e))
+    }
+
+    /// `rdma_connect`: sends a connection request with `param` (its private data checked against
+    /// the port space's limit first); completes with `ESTABLISHED`, `REJECTED`, `UNREACHABLE` or
+    /// `CONNECT_ERROR`, for [`Id::established`].
+    ///
+    /// # Errors
+    /// [`Error::PrivateDataTooLong`] before the call; the OS error of the call. The id comes back.
+    #[doc(alias = "rdma_connect")]
+    pub fn connect(self, param: &ConnParam<'_>) -> Transition<'ch, S, Id<'ch, Connecting>>
+    where
+        S: CanConnect,
+    {
+        if let Err(e) = check_private_data(self.port_space(), Message::Connect, param.data()) {
+            return Err(self.fail(e.into()));
+        }
+        match self.raw.connect(param.to_raw()) {
+            Ok(()) => Ok(self.into_state()),
+            Err(e) => Err(self.fail(Error::os("rdma_connect", e))),
+        }
+    }
+
+    /// `rdma_accept`: accepts the connection request with `param`; completes with `ESTABLISHED`
+    /// (for a UDP id, the call itself completes it).
+    ///
+    /// # Errors
+    /// [`Error::PrivateDataTooLong`] before the call; the OS error. The id comes back.
+    #[doc(alias = "rdma_accept")]
+    pub fn accept(self, param: &ConnParam<'_>) -> Transition<'ch, S, Id<'ch, Connecting>>
+    where
+        S: CanAccept,
+    {
+        if let Err(e) = check_private_data(self.port_space(), Message::Accept, param.data()) {
+            return Err(self.fail(e.into()));
+        }
+        match self.raw.accept(param.to_raw()) {
+            Ok(()) => Ok(self.into_state()),
+            Err(e) => Err(self.fail(Error::os("rdma_accept", e))),
+        }
+    }
+
+    /// `rdma_reject`: rejects the connection request, sending `private_data` (the peer gets
+    /// `REJECTED` with reason 28 and this data), then destroys the id.
+    ///
+    /// # Errors
+    /// [`Error::PrivateDataTooLong`] before the call; the OS error. The id comes back.
+    #[doc(alias = "rdma_reject")]
+    pub fn reject(self, private_data: &[u8]) -> Transition<'ch, S, ()>
+    where
+        S: CanAccept,
+    {
+        if let Err(e) = check_private_data(self.port_space(), Message::Reject, private_data) {
+            return Err(self.fail(e.into()));
+        }
+        match self.raw.reject(private_data) {
+            Ok(()) => Ok(()),
+            Err(e) => Err(self.fail(Error::os("rdma_reject", e))),
+        }
+    }
+
+    /// `rdma_disconnect`: tears the connection down; both sides get `DISCONNECTED` (and later
+    /// `TIMEWAIT_EXIT` when the id has a QP).
+    ///
+    /// # Errors
+    /// The OS error, with the id back.
+    #[doc(alias = "rdma_disconnect")]
+    pub fn disconnect(self) -> Transition<'ch, S, Id<'ch, Disconnected>>
+    where
+        S: CanDisconnect,
+    {
+        match self.raw.disconnect() {
+            Ok(()) => Ok(self.into_state()),
+            Err(e) => Err(self.fail(Error::os("rdma_disconnect", e))),
+        }
+    }
+
+    /// Checks that `event` is `expected` for this id, else says why not.
+    fn expect_event(&self, event: &Event<'_>, expected: EventKind) -> Result<()> {
+        let same_id = event.is_for(self);
+        if same_id && event.kind() == expected && event.status().is_success() {
+            return Ok(());
+        }
+        Err(UnexpectedEvent {
+            expected,
+            got: event.kind(),
+            status: event.status(),
+            same_id,
+        }
+        .into())
+    }
+
+    fn advance<T: State>(
+        self,
+        event: &Event<'_>,
+        expected: EventKind,
+    ) -> Transition<'ch, S, Id<'ch, T>> {
+        match self.expect_event(event, expected) {
+            Ok(()) => Ok(self.into_state()),
+            Err(e) => Err(self.fail(e)),
+        }
+    }
+}
+
+impl<'ch> Id<'ch, ResolvingAddr> {
+    /// Completes address resolution with its `ADDR_RESOLVED` event.
+    ///
+    /// # Errors
+    /// [`Error::UnexpectedEvent`] for any other event (e.g. `ADDR_ERROR`, whose status says
+    /// why), with the id back.
+    pub fn addr_resolved(
+        self,
+        event: &Event<'_>,
+    ) -> Transition<'ch, ResolvingAddr, Id<'ch, AddrResolved>> {
+        self.advance(event, EventKind::AddrResolved)
+    }
+}
+
+impl<'ch> Id<'ch, AddrResolved> {
+    /// `rdma_resolve_route`: starts resolving the route; completes with `ROUTE_RESOLVED` or
+    /// `ROUTE_ERROR`, for [`Id::route_resolved`].
+    ///
+    /// # Errors
+    /// The OS error, with the id back.
+    #[doc(alias = "rdma_resolve_route")]
+    pub fn resolve_route(
+        self,
+        timeout: Duration,
+    ) -> Transition<'ch, AddrResolved, Id<'ch, ResolvingRoute>> {
+        match self.raw.resolve_route(timeout) {
+            Ok(()) => Ok(self.into_state()),
+            Err(e) => Err(self.fail(Error::os("rdma_resolve_route", e))),
+        }
+    }
+}
+
+impl Id<'_, AddrResolved> {
+    /// `rdma_join_multicast`: joins the multicast group `group` (a UDP id; on RoCE an IPv4
+    /// group); completes with `MULTICAST_JOIN` or `MULTICAST_ERROR`. Groups still joined are
+    /// left when the id is destroyed.
+    ///
+    /// # Errors
+    /// The OS error (e.g. `EINVAL` for an id that is not UDP).
+    #[doc(alias = "rdma_join_multicast")]
+    pub fn join_multicast(&mut self, group: SocketAddr) -> Result<()> {
+        self.raw
+            .join_multicast(group)
+            .map_err(|e| Error::os("rdma_join_multicast", e))
+    }
+
+    /// `rdma_leave_multicast`: leaves `group`.
+    ///
+    /// # Errors
+    /// [`Error::Busy`] while an event of the id is unacked (the C call would wait for its ack);
+    /// the OS error otherwise (`EADDRNOTAVAIL` for a group not joined).
+    #[doc(alias = "rdma_leave_multicast")]
+    pub fn leave_multicast(&mut self, group: SocketAddr) -> Result<()> {
+        let pending = self.raw.pending();
+        self.raw.leave_multicast(group).map_err(|e| {
+            if e.raw_os_error() == Some(libc::EBUSY) && pending > 0 {
+                Error::Busy {
+                    call: "rdma_leave_multicast",
+                    pending,
+                }
+            } else {
+                Error::os("rdma_leave_multicast", e)
+            }
+        })
+    }
+}
+
+impl<'ch> Id<'ch, ResolvingRoute> {
+    /// Completes route resolution with its `ROUTE_RESOLVED` event.
+    ///
+    /// # Errors
+    /// [`Error::UnexpectedEvent`] for any other event, with the id back.
+    pub fn route_resolved(
+        self,
+        event: &Event<'_>,
+    ) -> Transition<'ch, ResolvingRoute, Id<'ch, RouteResolved>> {
+        self.advance(event, EventKind::RouteResolved)
+    }
+}
+
+impl<'ch> Id<'ch, Connecting> {
+    /// Completes `connect`/`accept` with its `ESTABLISHED` event.
+    ///
+    /// # Errors
+    /// [`Error::UnexpectedEvent`] for any other event (`REJECTED` with its reject reason,
+    /// `UNREACHABLE`, `CONNECT_ERROR`, …), with the id back.
+    pub fn established(self, event: &Event<'_>) -> Transition<'ch, Connecting, Id<'ch, Connected>> {
+        self.advance(event, EventKind::Established)
+    }
+}

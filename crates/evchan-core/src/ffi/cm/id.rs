@@ -1,0 +1,425 @@
+//! Ids: the owner handle and the shared record that counts unacked events (see the parent
+//! module's docs for the protocol).
+
+use std::cell::Cell;
+use std::ffi::{c_int, c_void};
+use std::io;
+use std::marker::PhantomData;
+use std::mem::ManuallyDrop;
+use std::net::SocketAddr;
+use std::ptr::{self, NonNull};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use evchan_sys as sys;
+
+use super::RawChannel;
+use crate::ffi::addr::{self, SockAddr};
+use crate::ffi::verbs::{ContextRef, PdRef};
+
+/// The shared record of one C id: see the module docs.
+pub(crate) struct IdInner {
+    raw: NonNull<sys::rdma_cm_id>,
+    state: Mutex<IdState>,
+}
+
+#[derive(Debug, Default)]
+struct IdState {
+    /// Events read for this id (counted against it) and not acked yet.
+    pending: usize,
+    /// The owner (`Id`) is gone.
+    released: bool,
+    /// `rdma_destroy_id` has been called (or is running).
+    destroyed: bool,
+    /// `rdma_create_qp` succeeded: the QP goes with the id.
+    has_qp: bool,
+    /// Multicast groups joined and not left: left before the id is destroyed.
+    groups: Vec<SocketAddr>,
+}
+
+// SAFETY: the raw id is used only under the module's protocol: the owner (which is `!Sync`)
+// issues the calls, and the destroy runs exactly once, from whichever thread takes the
+// `destroyed` flag under the mutex.
+unsafe impl Send for IdInner {}
+// SAFETY: shared access only reads the pointer value or goes through the mutex.
+unsafe impl Sync for IdInner {}
+
+impl IdInner {
+    fn lock(&self) -> MutexGuard<'_, IdState> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn destroy(&self, has_qp: bool, groups: Vec<SocketAddr>) {
+        for group in groups {
+            let mut sa = SockAddr::new(group);
+            // SAFETY: the id is live and joined `group`; no event of the id is pending (the
+            // destroy runs only then), so the call does not wait on an ack we hold.
+            let _ = unsafe { sys::rdma_leave_multicast(self.raw.as_ptr(), sa.as_mut_ptr()) };
+        }
+        if has_qp {
+            // SAFETY: the id is live and has a QP created by `rdma_create_qp`.
+            unsafe { sys::rdma_destroy_qp(self.raw.as_ptr()) }
+        }
+        // SAFETY: the id is live, destroyed once (the `destroyed` flag), and no event counted
+        // against it is pending in our accounting, so this does not wait on an ack we hold.
+        let _ = unsafe { sys::rdma_destroy_id(self.raw.as_ptr()) };
+    }
+
+    /// Counts one more event read for the id and not acked.
+    pub(super) fn add_pending(&self) {
+        self.lock().pending += 1;
+    }
+
+    /// Drops one claim (the owner's, or one pending event's) and destroys the C id when it was
+    /// the last one.
+    pub(super) fn release(&self, owner: bool) {
+        let mut st = self.lock();
+        if owner {
+            st.released = true;
+        } else {
+            st.pending -= 1;
+        }
+        let go = st.released && st.pending == 0 && !st.destroyed;
+        if go {
+            st.destroyed = true;
+        }
+        let has_qp = st.has_qp;
+        let groups = if go {
+            std::mem::take(&mut st.groups)
+        } else {
+            Vec::new()
+        };
+        drop(st);
+        if go {
+            self.destroy(has_qp, groups);
+        }
+    }
+}
+
+/// Clones the record `id` points to through its `context`.
+///
+/// # Safety
+///
+/// `id` is NULL or a live C id that was returned in an event read just now and not yet acked;
+/// its `context` is NULL or points to a live `IdInner` owned by an `Arc` (the module protocol).
+pub(super) unsafe fn record_of(id: *mut sys::rdma_cm_id) -> Option<Arc<IdInner>> {
+    if id.is_null() {
+        return None;
+    }
+    // SAFETY: `id` is live (caller).
+    let ctx = unsafe { (*id).context }.cast_const().cast::<IdInner>();
+    if ctx.is_null() {
+        return None;
+    }
+    // SAFETY: `ctx` came from `Arc::as_ptr` and an `Arc` of it is alive (module docs), so the
+    // count is at least one while we add ours.
+    unsafe { Arc::increment_strong_count(ctx) };
+    // SAFETY: we own the strong count we just added.
+    Some(unsafe { Arc::from_raw(ctx) })
+}
+
+/// The owner of one C id. `!Sync` (calls on one id are never concurrent); `Send`.
+pub(crate) struct Id<'ch> {
+    inner: Arc<IdInner>,
+    _ch: PhantomData<(&'ch RawChannel, Cell<()>)>,
+}
+
+impl std::fmt::Debug for Id<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Id")
+            .field("raw", &self.inner.raw)
+            .field("state", &*self.inner.lock())
+            .finish()
+    }
+}
+
+/// `errno`-style result of a `0 / -1` librdmacm call.
+fn check(ret: c_int) -> io::Result<()> {
+    sys::cvt(ret).map(drop)
+}
+
+/// Conversion of a timeout in milliseconds for librdmacm's `int timeout_ms`.
+fn ms(timeout: std::time::Duration) -> c_int {
+    c_int::try_from(timeout.as_millis()).unwrap_or(c_int::MAX)
+}
+
+/// The fields of `struct rdma_conn_param` that callers choose.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct ConnParamRaw<'a> {
+    pub(crate) private_data: &'a [u8],
+    pub(crate) responder_resources: u8,
+    pub(crate) initiator_depth: u8,
+    pub(crate) flow_control: u8,
+    pub(crate) retry_count: u8,
+    pub(crate) rnr_retry_count: u8,
+    pub(crate) srq: bool,
+    pub(crate) qp_num: u32,
+}
+
+impl ConnParamRaw<'_> {
+    fn to_c(self) -> io::Result<sys::rdma_conn_param> {
+        let len = u8::try_from(self.private_data.len())
+            .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+        Ok(sys::rdma_conn_param {
+            private_data: if len == 0 {
+                ptr::null()
+            } else {
+                self.private_data.as_ptr().cast()
+            },
+            private_data_len: len,
+            responder_resources: self.responder_resources,
+            initiator_depth: self.initiator_depth,
+            flow_control: self.flow_control,
+            retry_count: self.retry_count,
+            rnr_retry_count: self.rnr_retry_count,
+            srq: u8::from(self.srq),
+            qp_num: self.qp_num,
+        })
+    }
+}
+
+/// The capacities of a QP created with `rdma_create_qp` (the library creates its CQs).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct QpCaps {
+    pub(crate) max_send_wr: u32,
+    pub(crate) max_recv_wr: u32,
+    pub(crate) max_send_sge: u32,
+    pub(crate) max_recv_sge: u32,
+    pub(crate) max_inline_data: u32,
+    pub(crate) sq_sig_all: bool,
+}
+
+impl<'ch> Id<'ch> {
+    /// `rdma_create_id` on `channel` in port space `ps`.
+    pub(crate) fn create(channel: &'ch RawChannel, ps: u32) -> io::Result<Self> {
+        let mut raw = ptr::null_mut();
+        // SAFETY: live channel, valid out-pointer; the context is set right below, before the
+        // id can produce any event.
+        check(unsafe { sys::rdma_create_id(channel.ptr.as_ptr(), &mut raw, ptr::null_mut(), ps) })?;
+        let raw = NonNull::new(raw).ok_or_else(|| io::Error::from_raw_os_error(libc::EIO))?;
+        // SAFETY: `raw` is a fresh id that nothing else owns.
+        Ok(unsafe { Self::adopt(raw) })
+    }
+
+    /// Takes ownership of a C id and points its `context` at a new record.
+    ///
+    /// # Safety
+    ///
+    /// `raw` is a live C id on a channel that lives for `'ch`, owned by no one else, with no
+    /// event of its own read and unacked.
+    pub(super) unsafe fn adopt(raw: NonNull<sys::rdma_cm_id>) -> Self {
+        let inner = Arc::new(IdInner {
+            raw,
+            state: Mutex::new(IdState::default()),
+        });
+        // SAFETY: `raw` is live and ours; the record outlives the C id (module docs).
+        unsafe { (*raw.as_ptr()).context = Arc::as_ptr(&inner).cast_mut().cast::<c_void>() };
+        Self {
+            inner,
+            _ch: PhantomData,
+        }
+    }
+
+    fn raw(&self) -> *mut sys::rdma_cm_id {
+        self.inner.raw.as_ptr()
+    }
+
+    fn get(&self) -> &sys::rdma_cm_id {
+        // SAFETY: the id is live while its owner exists, and only the owner (which is `!Sync`
+        // and borrowed here) issues calls that change it.
+        unsafe { self.inner.raw.as_ref() }
+    }
+
+    /// An opaque number naming this C id, equal to [`RawEvent::id_key`] of its events.
+    pub(crate) fn key(&self) -> usize {
+        self.raw() as usize
+    }
+
+    /// Events counted against this id and not acked yet.
+    pub(crate) fn pending(&self) -> usize {
+        self.inner.lock().pending
+    }
+
+    pub(crate) fn port_space(&self) -> u32 {
+        self.get().ps
+    }
+
+    pub(crate) fn port_num(&self) -> u8 {
+        self.get().port_num
+    }
+
+    /// The device context, once an address is bound to a device or resolved.
+    pub(crate) fn verbs(&self) -> Option<ContextRef<'_>> {
+        // SAFETY: `verbs` is NULL or the device context librdmacm keeps open while the id lives.
+        unsafe { ContextRef::from_raw(self.get().verbs) }
+    }
+
+    /// The protection domain librdmacm allocated for the id's device.
+    pub(crate) fn pd(&self) -> Option<PdRef<'_>> {
+        // SAFETY: `pd` is NULL or the device's PD, which lives while the id holds the device.
+        unsafe { PdRef::from_raw(self.get().pd) }
+    }
+
+    pub(crate) fn qp_num(&self) -> Option<u32> {
+        let qp = self.get().qp;
+        // SAFETY: `qp` is NULL or the id's live QP.
+        (!qp.is_null()).then(|| unsafe { (*qp).qp_num })
+    }
+
+    pub(crate) fn local_addr(&self) -> Option<SocketAddr> {
+        let a = &self.get().route.addr;
+        // SAFETY: the source address is a `sockaddr_storage`-sized union field of a live id.
+        unsafe { addr::read(ptr::from_ref(&a.src_addr_union).cast()) }
+    }
+
+    pub(crate) fn peer_addr(&self) -> Option<SocketAddr> {
+        let a = &self.get().route.addr;
+        // SAFETY: the destination address is a `sockaddr_storage`-sized union field of a live
+        // id.
+        unsafe { addr::read(ptr::from_ref(&a.dst_addr_union).cast()) }
+    }
+
+    /// `rdma_bind_addr`.
+    pub(crate) fn bind(&self, a: SocketAddr) -> io::Result<()> {
+        let mut sa = SockAddr::new(a);
+        // SAFETY: live id; `sa` is a valid address for the call's duration.
+        check(unsafe { sys::rdma_bind_addr(self.raw(), sa.as_mut_ptr()) })
+    }
+
+    /// `rdma_resolve_addr`.
+    pub(crate) fn resolve_addr(
+        &self,
+        src: Option<SocketAddr>,
+        dst: SocketAddr,
+        timeout: std::time::Duration,
+    ) -> io::Result<()> {
+        let mut src = src.map(SockAddr::new);
+        let mut dst = SockAddr::new(dst);
+        let src_ptr = src.as_mut().map_or(ptr::null_mut(), SockAddr::as_mut_ptr);
+        // SAFETY: live id; both addresses valid (or NULL source) for the call's duration.
+        check(unsafe { sys::rdma_resolve_addr(self.raw(), src_ptr, dst.as_mut_ptr(), ms(timeout)) })
+    }
+
+    /// `rdma_resolve_route`.
+    pub(crate) fn resolve_route(&self, timeout: std::time::Duration) -> io::Result<()> {
+        // SAFETY: live id.
+        check(unsafe { sys::rdma_resolve_route(self.raw(), ms(timeout)) })
+    }
+
+    /// `rdma_listen`.
+    pub(crate) fn listen(&self, backlog: i32) -> io::Result<()> {
+        // SAFETY: live id.
+        check(unsafe { sys::rdma_listen(self.raw(), backlog) })
+    }
+
+    /// `rdma_create_qp` with the id's PD and library-created CQs.
+    pub(crate) fn create_qp(&self, caps: QpCaps) -> io::Result<()> {
+        let mut attr = sys::ibv_qp_init_attr {
+            qp_context: ptr::null_mut(),
+            send_cq: ptr::null_mut(),
+            recv_cq: ptr::null_mut(),
+            srq: ptr::null_mut(),
+            cap: sys::ibv_qp_cap {
+                max_send_wr: caps.max_send_wr,
+                max_recv_wr: caps.max_recv_wr,
+                max_send_sge: caps.max_send_sge,
+                max_recv_sge: caps.max_recv_sge,
+                max_inline_data: caps.max_inline_data,
+            },
+            qp_type: self.get().qp_type,
+            sq_sig_all: c_int::from(caps.sq_sig_all),
+        };
+        // SAFETY: live id with a device (the caller's state guarantees it; librdmacm fails
+        // with an errno otherwise); `attr` is valid and the PD argument NULL (use `id->pd`).
+        check(unsafe { sys::rdma_create_qp(self.raw(), ptr::null_mut(), &mut attr) })?;
+        self.inner.lock().has_qp = true;
+        Ok(())
+    }
+
+    /// `rdma_join_multicast` (no user context).
+    pub(crate) fn join_multicast(&self, group: SocketAddr) -> io::Result<()> {
+        let mut sa = SockAddr::new(group);
+        // SAFETY: live id; `sa` is valid for the call, which copies it.
+        check(unsafe { sys::rdma_join_multicast(self.raw(), sa.as_mut_ptr(), ptr::null_mut()) })?;
+        self.inner.lock().groups.push(group);
+        Ok(())
+    }
+
+    /// `rdma_leave_multicast`. Refused with `EBUSY` while events counted against the id are
+    /// unacked (the call waits for the acks of the group's events); `EADDRNOTAVAIL` for a group
+    /// not joined.
+    pub(crate) fn leave_multicast(&self, group: SocketAddr) -> io::Result<()> {
+        let mut st = self.inner.lock();
+        if st.pending > 0 {
+            return Err(io::Error::from_raw_os_error(libc::EBUSY));
+        }
+        let Some(i) = st.groups.iter().position(|g| *g == group) else {
+            return Err(io::Error::from_raw_os_error(libc::EADDRNOTAVAIL));
+        };
+        st.groups.swap_remove(i);
+        drop(st);
+        let mut sa = SockAddr::new(group);
+        // SAFETY: live id that joined `group`; no event of ours is pending.
+        check(unsafe { sys::rdma_leave_multicast(self.raw(), sa.as_mut_ptr()) })
+    }
+
+    /// `rdma_connect`.
+    pub(crate) fn connect(&self, p: ConnParamRaw<'_>) -> io::Result<()> {
+        let mut c = p.to_c()?;
+        // SAFETY: live id; `c` and the private data it points to are valid for the call, which
+        // copies them.
+        check(unsafe { sys::rdma_connect(self.raw(), &mut c) })
+    }
+
+    /// `rdma_accept`.
+    pub(crate) fn accept(&self, p: ConnParamRaw<'_>) -> io::Result<()> {
+        let mut c = p.to_c()?;
+        // SAFETY: as `connect`; the parameter is never NULL (librdmacm reads it when the id has
+        // no QP).
+        check(unsafe { sys::rdma_accept(self.raw(), &mut c) })
+    }
+
+    /// `rdma_reject`.
+    pub(crate) fn reject(&self, private_data: &[u8]) -> io::Result<()> {
+        let len = u8::try_from(private_data.len())
+            .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+        let data = if len == 0 {
+            ptr::null()
+        } else {
+            private_data.as_ptr().cast()
+        };
+        // SAFETY: live id; the data is valid for `len` bytes and copied by the call.
+        check(unsafe { sys::rdma_reject(self.raw(), data, len) })
+    }
+
+    /// `rdma_disconnect`.
+    pub(crate) fn disconnect(&self) -> io::Result<()> {
+        // SAFETY: live id.
+        check(unsafe { sys::rdma_disconnect(self.raw()) })
+    }
+
+    /// `rdma_migrate_id` to `to`. Refused with `EBUSY` (and the id given back) while events
+    /// counted against the id are unacked, since the call would wait for their acks.
+    pub(crate) fn migrate<'to>(self, to: &'to RawChannel) -> Result<Id<'to>, (Self, io::Error)> {
+        if self.pending() > 0 {
+            return Err((self, io::Error::from_raw_os_error(libc::EBUSY)));
+        }
+        // SAFETY: live id and live target channel; no event of ours is pending, so the call
+        // waits at most for events another thread is about to ack.
+        if let Err(e) = check(unsafe { sys::rdma_migrate_id(self.raw(), to.ptr.as_ptr()) }) {
+            return Err((self, e));
+        }
+        let this = ManuallyDrop::new(self);
+        // SAFETY: `this` is never used or dropped again, so the `Arc` moves out exactly once.
+        let inner = unsafe { ptr::read(&this.inner) };
+        Ok(Id {
+            inner,
+            _ch: PhantomData,
+        })
+    }
+}
+
+impl Drop for Id<'_> {
+    fn drop(&mut self) {
+        self.inner.release(true);
+    }
+}

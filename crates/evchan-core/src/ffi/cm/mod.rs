@@ -1,0 +1,132 @@
+//! librdmacm: the event channel, ids and events, with the accounting that keeps
+//! `rdma_destroy_id` / `rdma_migrate_id` from hanging.
+//!
+//! # The pending-event protocol
+//!
+//! Every id we create carries, in `rdma_cm_id::context`, a pointer to its [`id::IdInner`] record
+//! (the target of an `Arc`). When an event is read, the record of the id the event *counts
+//! against* (the listening id for a `CONNECT_REQUEST`, the event's id otherwise — as in
+//! librdmacm's `cma_event::id_priv`) is cloned out of `context` and its `pending` count raised;
+//! the ack lowers it. The id's owner ([`Id`]) and each pending event hold an `Arc` of the record,
+//! so the record outlives the C id.
+//!
+//! - Dropping the owner with `pending == 0` destroys the C id at once; with `pending > 0` the
+//!   destroy is deferred to the last ack (`rdma_destroy_id` would otherwise wait for that ack
+//!   forever when both are in one thread).
+//! - A migrate with `pending > 0` is refused with `EBUSY` instead of blocking.
+//! - The `Arc` cloned out of `context` is always alive at that point: librdmacm returns an event
+//!   for an id only while the C id exists, the C id exists until `rdma_destroy_id` returns, and
+//!   whoever calls `rdma_destroy_id` holds an `Arc` of the record until it has returned; and
+//!   `rdma_destroy_id` does not return before this very event is acked.
+
+use std::ffi::c_int;
+use std::io;
+use std::os::fd::BorrowedFd;
+use std::ptr::{self, NonNull};
+
+use evchan_sys as sys;
+
+use super::verbs::ContextRef;
+
+mod event;
+mod id;
+
+pub(crate) use event::RawEvent;
+pub(crate) use id::{ConnParamRaw, Id, QpCaps};
+
+/// The event type codes this module tells apart.
+pub(crate) mod code {
+    pub(crate) const CONNECT_REQUEST: u32 = 4;
+    pub(crate) const MULTICAST_JOIN: u32 = 12;
+    pub(crate) const MULTICAST_ERROR: u32 = 13;
+}
+
+/// An owned `struct rdma_event_channel`.
+pub(crate) struct RawChannel {
+    ptr: NonNull<sys::rdma_event_channel>,
+}
+
+// SAFETY: a channel is a file descriptor plus librdmacm bookkeeping that is internally locked:
+// `rdma_get_cm_event` may run concurrently on one channel from several threads (each call
+// allocates its own event; the kernel hands every event to exactly one reader), and nothing in
+// the struct is tied to the creating thread.
+unsafe impl Send for RawChannel {}
+// SAFETY: see `Send`; every operation through `&RawChannel` is one of those thread-safe calls.
+unsafe impl Sync for RawChannel {}
+
+impl RawChannel {
+    /// `rdma_create_event_channel`.
+    pub(crate) fn create() -> io::Result<Self> {
+        // SAFETY: no arguments; returns NULL with errno set on failure.
+        let ptr = unsafe { sys::rdma_create_event_channel() };
+        NonNull::new(ptr)
+            .map(|ptr| Self { ptr })
+            .ok_or_else(sys::last_error)
+    }
+
+    /// The channel's file descriptor, open for as long as the channel lives.
+    pub(crate) fn fd(&self) -> BorrowedFd<'_> {
+        // SAFETY: `ptr` is a live channel.
+        let fd = unsafe { (*self.ptr.as_ptr()).fd };
+        // SAFETY: the fd is open until `rdma_destroy_event_channel`, which only our `Drop`
+        // calls, so it outlives the borrow of `self`.
+        unsafe { BorrowedFd::borrow_raw(fd) }
+    }
+
+    /// `rdma_get_cm_event`: one read, blocking or not as the fd's `O_NONBLOCK` says. `EINTR` and
+    /// `EAGAIN` come back as errors for the caller to handle.
+    pub(crate) fn get_event(&self) -> io::Result<RawEvent<'_>> {
+        let mut event = ptr::null_mut();
+        // SAFETY: `ptr` is a live channel and `event` a valid out-pointer.
+        sys::cvt(unsafe { sys::rdma_get_cm_event(self.ptr.as_ptr(), &mut event) })?;
+        let event = NonNull::new(event).ok_or_else(|| io::Error::from_raw_os_error(libc::EIO))?;
+        // SAFETY: librdmacm just handed us this event; we own it until we ack it.
+        Ok(unsafe { RawEvent::adopt(event) })
+    }
+}
+
+impl Drop for RawChannel {
+    fn drop(&mut self) {
+        // SAFETY: every `Id` and `RawEvent` borrows this channel (`'ch`), so none is left; the
+        // pointer came from `rdma_create_event_channel` and is destroyed once.
+        unsafe { sys::rdma_destroy_event_channel(self.ptr.as_ptr()) }
+    }
+}
+
+/// `rdma_get_devices`: the names of the RDMA devices librdmacm can use.
+pub(crate) fn device_names() -> io::Result<Vec<String>> {
+    let mut n: c_int = 0;
+    // SAFETY: valid out-pointer; returns NULL with errno on failure.
+    let list = unsafe { sys::rdma_get_devices(&mut n) };
+    if list.is_null() {
+        return Err(sys::last_error());
+    }
+    let count = usize::try_from(n).unwrap_or(0);
+    // SAFETY: `list` holds `n` device contexts (and a NULL after them), valid until
+    // `rdma_free_devices` below.
+    let contexts = unsafe { std::slice::from_raw_parts(list, count) };
+    let mut names = Vec::with_capacity(count);
+    for &ctx in contexts {
+        // SAFETY: each entry is a live context until `rdma_free_devices`.
+        if let Some(c) = unsafe { ContextRef::from_raw(ctx) } {
+            names.push(c.name());
+        }
+    }
+    // SAFETY: `list` came from `rdma_get_devices` and is freed once.
+    unsafe { sys::rdma_free_devices(list) };
+    Ok(names)
+}
+
+#[cfg(test)]
+/// `rdma_event_str`: the installed library's name of event code `code`.
+pub(crate) fn event_str(code: u32) -> String {
+    // SAFETY: takes any value; returns a static NUL-terminated string.
+    let s = unsafe { sys::rdma_event_str(code) };
+    if s.is_null() {
+        return String::new();
+    }
+    // SAFETY: non-NULL static string.
+    unsafe { std::ffi::CStr::from_ptr(s) }
+        .to_string_lossy()
+        .into_owned()
+}

@@ -1,1 +1,0 @@
-//! Placeholder: this package only owns examples/ and benches/.
