@@ -247,13 +247,13 @@ impl<'res> Qp<'res> {
     /// The QP number (`ibv_qp::qp_num`), what a peer's [`RtrAttr::dest_qp_num`] names.
     #[must_use]
     pub fn qp_num(&self) -> u32 {
-        self.raw.qp_num()
+        self.raw.ptr().qp_num()
     }
 
     /// The state libibverbs last recorded (`ibv_qp::state`).
     #[must_use]
     pub fn state(&self) -> QpState {
-        QpState::from_raw(self.raw.state())
+        QpState::from_raw(self.raw.ptr().state())
     }
 
     /// `ibv_modify_qp` RESET → INIT on `port`, P_Key index 0, local access only.
@@ -344,7 +344,7 @@ impl<'res> Qp<'res> {
     }
 
     fn modify(&self, m: &ffi::QpModify) -> Result<()> {
-        self.raw.modify(m).map_err(Error::io("ibv_modify_qp"))
+        self.raw.ptr().modify(m).map_err(Error::io("ibv_modify_qp"))
     }
 
     /// `ibv_post_send` of a signaled SEND of `mr`'s bytes `range` (with immediate data when
@@ -389,14 +389,7 @@ impl<'res> Qp<'res> {
         imm: Option<u32>,
         solicited: bool,
     ) -> std::result::Result<Posted<'pd, B>, PostError<'pd, B>> {
-        self.raw
-            .post_send_owned(mr.raw, range, imm, solicited)
-            .map(|raw| Posted { raw })
-            .map_err(|(source, raw)| PostError {
-                call: "ibv_post_send",
-                source,
-                mr: Mr { raw },
-            })
+        post_send_on(self.raw.ptr(), mr, range, imm, solicited)
     }
 
     /// `ibv_post_recv` into `mr`'s bytes `range`. The region stays with the returned
@@ -411,14 +404,7 @@ impl<'res> Qp<'res> {
         mr: Mr<'pd, B>,
         range: Range<usize>,
     ) -> std::result::Result<Posted<'pd, B>, PostError<'pd, B>> {
-        self.raw
-            .post_recv_owned(mr.raw, range)
-            .map(|raw| Posted { raw })
-            .map_err(|(source, raw)| PostError {
-                call: "ibv_post_recv",
-                source,
-                mr: Mr { raw },
-            })
+        post_recv_on(self.raw.ptr(), mr, range)
     }
 
     /// `ibv_post_send` of one SEND work request made of `sges`, raw (with immediate data
@@ -447,7 +433,8 @@ impl<'res> Qp<'res> {
         flags: SendFlags,
     ) -> Result<()> {
         // SAFETY: the caller upholds this function's contract, which is ffi's.
-        unsafe { self.raw.post_send(wr_id, sges, imm, flags) }.map_err(Error::io("ibv_post_send"))
+        unsafe { self.raw.ptr().post_send(wr_id, sges, imm, flags) }
+            .map_err(Error::io("ibv_post_send"))
     }
 
     /// `ibv_post_recv` of one receive work request into `sges`, raw.
@@ -468,8 +455,40 @@ impl<'res> Qp<'res> {
     #[allow(unsafe_code)]
     pub unsafe fn post_recv_raw(&self, wr_id: u64, sges: &[Sge]) -> Result<()> {
         // SAFETY: the caller upholds this function's contract, which is ffi's.
-        unsafe { self.raw.post_recv(wr_id, sges) }.map_err(Error::io("ibv_post_recv"))
+        unsafe { self.raw.ptr().post_recv(wr_id, sges) }.map_err(Error::io("ibv_post_recv"))
     }
+}
+
+/// The safe owned-buffer send on any QP (ours or an rdma_cm id's).
+pub(super) fn post_send_on<'pd, B: MrBuffer + 'static>(
+    qp: ffi::QpPtr<'_>,
+    mr: Mr<'pd, B>,
+    range: Range<usize>,
+    imm: Option<u32>,
+    solicited: bool,
+) -> std::result::Result<Posted<'pd, B>, PostError<'pd, B>> {
+    qp.post_send_owned(mr.raw, range, imm, solicited)
+        .map(|raw| Posted { raw })
+        .map_err(|(source, raw)| PostError {
+            call: "ibv_post_send",
+            source,
+            mr: Mr { raw },
+        })
+}
+
+/// The safe owned-buffer receive on any QP (ours or an rdma_cm id's).
+pub(super) fn post_recv_on<'pd, B: MrBuffer + 'static>(
+    qp: ffi::QpPtr<'_>,
+    mr: Mr<'pd, B>,
+    range: Range<usize>,
+) -> std::result::Result<Posted<'pd, B>, PostError<'pd, B>> {
+    qp.post_recv_owned(mr.raw, range)
+        .map(|raw| Posted { raw })
+        .map_err(|(source, raw)| PostError {
+            call: "ibv_post_recv",
+            source,
+            mr: Mr { raw },
+        })
 }
 
 impl fmt::Debug for Qp<'_> {

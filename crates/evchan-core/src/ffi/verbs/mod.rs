@@ -45,7 +45,7 @@ pub(crate) use cq::{CompChannel, Cq, CqEventAck, RawWc};
 pub(crate) use device::{Context, ContextRef, DeviceList, PdRef};
 pub use mr::MrBuffer;
 pub(crate) use mr::{Mr, Pd, Posted, OWNED_WR_ID_BIT};
-pub(crate) use qp::{sge_of, Qp, QpInit, QpModify};
+pub(crate) use qp::{sge_of, Qp, QpInit, QpModify, QpPtr};
 pub use qp::{SendFlags, Sge};
 
 /// Acks are flushed with one `ibv_ack_cq_events` call once this many are pending for a CQ.

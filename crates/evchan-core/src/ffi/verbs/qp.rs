@@ -1,4 +1,4 @@
-//! Queue pairs and posting work requests.
+//! Queue pairs, and posting work requests on any QP (ours or an rdma_cm id's).
 
 use std::io;
 use std::marker::PhantomData;
@@ -124,6 +124,24 @@ impl<'res> Qp<'res> {
         })
     }
 
+    /// The borrowed QP, to post and modify through.
+    pub(crate) fn ptr(&self) -> QpPtr<'_> {
+        QpPtr {
+            ptr: self.ptr,
+            _qp: PhantomData,
+        }
+    }
+}
+
+/// A QP borrowed for `'a`: ours ([`Qp::ptr`]) or an rdma_cm id's (`ffi::cm::Id::qp`). Every
+/// verb that does not destroy the QP goes through it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct QpPtr<'a> {
+    ptr: NonNull<sys::ibv_qp>,
+    _qp: PhantomData<&'a sys::ibv_qp>,
+}
+
+impl QpPtr<'_> {
     pub(crate) fn qp_num(&self) -> u32 {
         // SAFETY: live QP; `qp_num` is written at creation.
         unsafe { (*self.ptr.as_ptr()).qp_num }
@@ -256,9 +274,7 @@ impl<'res> Qp<'res> {
         let ret = unsafe { sys::ibv_post_recv(self.ptr.as_ptr(), &mut wr, &mut bad) };
         sys::cvt_errno(ret)
     }
-}
 
-impl Qp<'_> {
     /// Posts a send of `mr`'s bytes `range` and keeps the region until the completion.
     ///
     /// `B: 'static`: a forgotten [`Posted`] then leaks the buffer instead of freeing memory the
