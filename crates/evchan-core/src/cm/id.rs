@@ -33,7 +33,8 @@ pub struct IdKey(pub(crate) usize);
 /// of blocking forever as the C call would.
 ///
 /// The id borrows its channel: the channel cannot be dropped while the id lives, and
-/// [`Id::migrate`] moves the id to another channel's lifetime. The id is `Send` but not `Sync`.
+/// [`Id::migrate`] moves the id to another channel's lifetime. A QP made on the caller's PD and
+/// CQs ([`Id::create_qp_with`]) is borrowed for `'ch` too. The id is `Send` but not `Sync`.
 ///
 /// A failed operation gives the id back in its old state inside a [`TransitionError`].
 ///
@@ -71,7 +72,7 @@ pub struct IdKey(pub(crate) usize);
 #[doc(alias = "rdma_create_id")]
 #[doc(alias = "rdma_destroy_id")]
 pub struct Id<'ch, S: State = Idle> {
-    raw: RawId<'ch>,
+    pub(crate) raw: RawId<'ch>,
     _state: PhantomData<S>,
 }
 
@@ -207,7 +208,9 @@ impl<'ch, S: State> Id<'ch, S> {
     ///
     /// # Errors
     /// [`Error::Busy`] while an event counted against the id is unacked (the C call would wait
-    /// for its ack forever); the OS error otherwise. The id comes back unchanged.
+    /// for its ack forever); `EBUSY` as an OS error while the id has a QP on the caller's PD
+    /// and CQs ([`Id::create_qp_with`]), which the migrated id would not borrow; the OS error
+    /// otherwise. The id comes back unchanged.
     #[doc(alias = "rdma_migrate_id")]
     pub fn migrate<'to>(self, channel: &'to EventChannel) -> Transition<'ch, S, Id<'to, S>> {
         let pending = self.raw.pending();
@@ -288,7 +291,7 @@ impl<'ch, S: State> Id<'ch, S> {
     }
 
     /// `rdma_cm_id::pd`: the protection domain librdmacm allocated for the id's device (used by
-    /// [`Id::create_qp`]).
+    /// [`Id::create_qp`]); the caller's while a QP from [`Id::create_qp_with`] lives.
     #[must_use]
     pub fn pd(&self) -> Option<PdRef<'_>>
     where

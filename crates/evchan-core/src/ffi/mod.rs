@@ -17,10 +17,12 @@
 //!   for the id and not yet acked. `rdma_destroy_id` and `rdma_migrate_id` block until every
 //!   event already read for the id is acked; the record defers the destroy to the last ack and
 //!   refuses a migrate while events are pending, so neither can hang the thread that holds the
-//!   event.
+//!   event. The id also owns its QP (`rdma_create_qp`); a QP on the caller's PD and CQs is
+//!   destroyed when the owner goes, never later (see [`cm::Id::create_qp_with`]).
 //! - [`cm::RawEvent`] owns one `rdma_cm_event` until `rdma_ack_cm_event`, and with it the private
 //!   data the event points into.
-//! - [`verbs`]: the device context, PD, memory regions, completion channel, CQs and QPs, each borrowing what it needs alive;
+//! - [`verbs`]: the device context (opened here, or librdmacm's held by a device reference),
+//!   PD, memory regions, completion channel, CQs and QPs, each borrowing what it needs alive;
 //!   the table is in its docs.
 //!
 //! Socket address conversions are in [`addr`].

@@ -149,7 +149,7 @@ pub struct Context {
 }
 
 impl Context {
-    fn from_raw(raw: ffi::Context) -> Result<Self> {
+    pub(super) fn from_raw(raw: ffi::Context) -> Result<Self> {
         evchan_sys::fd::set_nonblocking(raw.async_fd(), true).map_err(Error::io("fcntl"))?;
         Ok(Context { raw })
     }

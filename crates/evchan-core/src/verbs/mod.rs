@@ -13,6 +13,17 @@
 //! | a registered buffer must not move or be freed | [`Mr`] owns or exclusively borrows it |
 //! | the device owns a posted buffer until its completion | [`Qp::post_send`] / [`Qp::post_recv`] take the [`Mr`] by value and return it for the completion ([`Posted`]) |
 //!
+//! # With rdma_cm
+//!
+//! The same objects serve connections made by rdma_cm: after address resolution an id hands
+//! out its device context ([`CmId::context`](crate::CmId::context), an owned [`Context`] that
+//! keeps the device open however long the id lives); on it the caller makes a [`Pd`], a
+//! [`CompChannel`], [`Cq`]s and [`Mr`]s as above, and the id creates its QP on them
+//! ([`CmId::create_qp_with`](crate::CmId::create_qp_with)), so that its completions arrive on
+//! the caller's channel. The id then borrows them, and posts as a [`Qp`] does
+//! ([`CmId::post_send`](crate::CmId::post_send), [`CmId::post_recv`](crate::CmId::post_recv)).
+//! [`ContextRef`] and [`PdRef`] are the borrowed views the id shows of what librdmacm holds.
+//!
 //! # Threads
 //!
 //! Every handle is `Send` and `Sync`: libibverbs objects are thread-safe, the pending-ack

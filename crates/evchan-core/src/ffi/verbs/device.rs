@@ -87,7 +87,10 @@ impl DeviceList {
         // freed (libibverbs keeps a reference on the device).
         let ctx = unsafe { sys::ibv_open_device(dev) };
         let ptr = NonNull::new(ctx).ok_or_else(null_err)?;
-        Ok(Context { ptr })
+        Ok(Context {
+            ptr,
+            owner: Owner::Opened,
+        })
     }
 }
 
@@ -131,10 +134,22 @@ extern "C" {
     ) -> c_int;
 }
 
-/// `ibv_open_device` / `ibv_close_device`.
+/// A device context: `ibv_open_device` / `ibv_close_device`, or librdmacm's context of an
+/// rdma_cm id's device, held open by a `rdma_get_devices` list (see the module docs).
 #[derive(Debug)]
 pub(crate) struct Context {
     pub(super) ptr: NonNull<sys::ibv_context>,
+    owner: Owner,
+}
+
+/// Who keeps a [`Context`] open.
+#[derive(Debug)]
+enum Owner {
+    /// We opened it (`ibv_open_device`): `ibv_close_device` on drop.
+    Opened,
+    /// librdmacm opened it; this `rdma_get_devices` list holds a reference on its device until
+    /// `rdma_free_devices` on drop. Never `ibv_close_device`d here.
+    RdmaCm(NonNull<*mut sys::ibv_context>),
 }
 
 // SAFETY: libibverbs contexts are thread-safe: every verb on them takes the locks it needs.
@@ -143,6 +158,31 @@ unsafe impl Send for Context {}
 unsafe impl Sync for Context {}
 
 impl Context {
+    /// The context librdmacm opened for an id's device (`rdma_cm_id::verbs`), held open by a
+    /// `rdma_get_devices` list for as long as the handle lives, independently of the id.
+    ///
+    /// `ENODEV` when the device is no longer in librdmacm's list (it is being removed).
+    pub(crate) fn of_cm_device(verbs: ContextRef<'_>) -> io::Result<Self> {
+        let mut n: c_int = 0;
+        // SAFETY: valid out-pointer; returns NULL with errno on failure. On success every device
+        // in the list has its librdmacm reference count raised until `rdma_free_devices`.
+        let list = unsafe { sys::rdma_get_devices(&mut n) };
+        let list = NonNull::new(list).ok_or_else(null_err)?;
+        let count = usize::try_from(n).unwrap_or(0);
+        // SAFETY: the list holds `n` contexts followed by a NULL, valid until it is freed.
+        let contexts = unsafe { std::slice::from_raw_parts(list.as_ptr(), count) };
+        if contexts.contains(&verbs.ptr.as_ptr()) {
+            Ok(Context {
+                ptr: verbs.ptr,
+                owner: Owner::RdmaCm(list),
+            })
+        } else {
+            // SAFETY: from `rdma_get_devices`, freed once (here; no handle keeps it).
+            unsafe { sys::rdma_free_devices(list.as_ptr()) };
+            Err(io::Error::from_raw_os_error(libc::ENODEV))
+        }
+    }
+
     /// The borrowed view of this context.
     pub(crate) fn as_ref(&self) -> ContextRef<'_> {
         ContextRef {
@@ -242,9 +282,19 @@ impl Context {
 
 impl Drop for Context {
     fn drop(&mut self) {
-        // SAFETY: every child object borrows the context, so none is alive; closed once.
-        // A failure cannot be acted upon here (the handle is gone either way).
-        let _ = unsafe { sys::ibv_close_device(self.ptr.as_ptr()) };
+        match self.owner {
+            Owner::Opened => {
+                // SAFETY: every child object borrows the context, so none is alive; closed
+                // once. A failure cannot be acted upon here (the handle is gone either way).
+                let _ = unsafe { sys::ibv_close_device(self.ptr.as_ptr()) };
+            }
+            Owner::RdmaCm(list) => {
+                // SAFETY: every child object borrows the context, so none is alive; the list
+                // came from `rdma_get_devices` and is freed once. librdmacm may close the
+                // context afterwards (device removed and no reference left), never before.
+                unsafe { sys::rdma_free_devices(list.as_ptr()) };
+            }
+        }
     }
 }
 

@@ -142,6 +142,18 @@ pub(crate) struct QpPtr<'a> {
 }
 
 impl QpPtr<'_> {
+    /// Borrows `ptr`.
+    ///
+    /// # Safety
+    ///
+    /// `ptr` is a live QP that stays alive (not destroyed) for the chosen lifetime.
+    pub(crate) unsafe fn from_raw(ptr: NonNull<sys::ibv_qp>) -> Self {
+        QpPtr {
+            ptr,
+            _qp: PhantomData,
+        }
+    }
+
     pub(crate) fn qp_num(&self) -> u32 {
         // SAFETY: live QP; `qp_num` is written at creation.
         unsafe { (*self.ptr.as_ptr()).qp_num }
