@@ -17,7 +17,9 @@ use crate::ffi::verbs as ffi;
 use crate::CmId;
 
 use super::qp::{post_recv_on, post_send_on};
-use super::{Context, Cq, Error, Mr, MrBuffer, Pd, PostError, Posted, Result, SendFlags, Sge};
+use super::{
+    Context, Cq, Error, Mr, MrBuffer, Pd, PostError, Posted, QpCaps, Result, SendFlags, Sge,
+};
 
 /// A device context (`struct ibv_context`) borrowed from the rdma_cm id that holds it
 /// ([`CmId::verbs`]): its name and identity. To create objects on it, take the owned
@@ -91,11 +93,17 @@ impl fmt::Debug for PdRef<'_> {
     }
 }
 
-/// The capacities of the QP `rdma_create_qp` creates (`struct ibv_qp_init_attr`'s `cap`).
+/// The capacities of the QP `rdma_create_qp` creates (`struct ibv_qp_init_attr`'s `cap`, and
+/// `sq_sig_all`), for [`CmId::create_qp`](crate::CmId::create_qp) and
+/// [`CmId::create_qp_with`]. The work queue sizes of a [`Qp`](super::Qp) made by hand,
+/// [`QpCaps`], convert into it.
 ///
 /// ```
-/// let init = evchan_core::verbs::QpInit::new().max_send_wr(32);
-/// # let _ = init;
+/// use evchan_core::verbs::{QpCaps, QpInit};
+///
+/// let init = QpInit::new().max_send_wr(32);
+/// let same_as_a_hand_made_qp = QpInit::from(QpCaps::default());
+/// # let _ = (init, same_as_a_hand_made_qp);
 /// ```
 #[doc(alias = "ibv_qp_init_attr")]
 #[derive(Debug, Clone, Copy)]
@@ -155,8 +163,33 @@ impl QpInit {
         self
     }
 
+    /// `sq_sig_all`: whether every send completes with a work completion, asked for or not
+    /// (the owned-buffer posts always ask).
+    #[must_use]
+    pub fn signal_all(mut self, yes: bool) -> Self {
+        self.caps.sq_sig_all = yes;
+        self
+    }
+
     pub(crate) fn caps(&self) -> crate::ffi::cm::QpCaps {
         self.caps
+    }
+}
+
+impl From<QpCaps> for QpInit {
+    /// The work queue sizes of `caps`, sends signalled only when asked (as for
+    /// [`Qp::new_rc`](super::Qp::new_rc)).
+    fn from(caps: QpCaps) -> Self {
+        QpInit {
+            caps: crate::ffi::cm::QpCaps {
+                max_send_wr: caps.max_send_wr,
+                max_recv_wr: caps.max_recv_wr,
+                max_send_sge: caps.max_send_sge,
+                max_recv_sge: caps.max_recv_sge,
+                max_inline_data: caps.max_inline_data,
+                sq_sig_all: false,
+            },
+        }
     }
 }
 
