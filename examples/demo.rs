@@ -47,7 +47,7 @@ fn run(dst: SocketAddr) -> evchan_core::Result<()> {
     event.ack(); // rdma_ack_cm_event (dropping the event would ack it too)
     println!(
         "  device {} port {}, {} -> {}",
-        id.verbs().device_name(),
+        id.verbs().name(),
         id.port_num(),
         fmt_addr(id.local_addr()),
         fmt_addr(id.peer_addr()),

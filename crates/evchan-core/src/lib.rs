@@ -9,6 +9,8 @@
 //!   [`ack`](cm::Event::ack)); its private data is borrowed from it.
 //! - [`cm::AnyId`] — an id with its state erased and checked at run time, for storing ids of
 //!   mixed states together (e.g. a server's connections in one map).
+//! - [`verbs`] — the verbs side: devices and contexts, PD, memory regions, the completion
+//!   channel ([`verbs::CompChannel`]) with its CQs and batched acks, QPs, async device events.
 //!
 //! Besides RC connections with a QP (`ESTABLISHED` on both sides), the id covers a connect
 //! without a QP (`CONNECT_RESPONSE`, then [`establish`](cm::Id::establish) via
@@ -25,6 +27,8 @@
 //!    destroy is deferred to the ack; the migrate is refused with [`Error::Busy`]);
 //! 4. private data is checked against its limit before the call;
 //! 5. `ENODEV` is [`Error::NoDevice`], whose message says how to get a device.
+//!
+//! The invariants of libibverbs are listed in [`verbs`].
 //!
 //! All `unsafe` code lives in one private module (`ffi`); the rest of the crate denies it.
 #![deny(unsafe_code)]

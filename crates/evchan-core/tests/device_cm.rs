@@ -23,7 +23,7 @@ fn resolve_addr_and_route_v4() {
     let id = id.addr_resolved(&ev).unwrap();
     ev.ack();
     assert_eq!(id.peer_addr(), Some(v4(port(1))));
-    assert!(!id.verbs().device_name().is_empty());
+    assert!(!id.verbs().name().is_empty());
     assert!(id.port_num() >= 1);
     let pd = id
         .pd()

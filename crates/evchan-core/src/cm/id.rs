@@ -14,7 +14,7 @@ use super::state::{
 use super::{Event, EventKind, PortSpace};
 use crate::error::{Error, Message, Result, UnexpectedEvent};
 use crate::ffi::cm::Id as RawId;
-use crate::verbs::{Context, ProtectionDomain, QpInit};
+use crate::verbs::{ContextRef, PdRef, QpInit};
 use crate::EventChannel;
 
 /// An opaque key naming one id, to match events to ids ([`Event::id`], [`Id::key`]).
@@ -33,7 +33,8 @@ pub struct IdKey(pub(crate) usize);
 /// of blocking forever as the C call would.
 ///
 /// The id borrows its channel: the channel cannot be dropped while the id lives, and
-/// [`Id::migrate`] moves the id to another channel's lifetime. The id is `Send` but not `Sync`.
+/// [`Id::migrate`] moves the id to another channel's lifetime. A QP made on the caller's PD and
+/// CQs ([`Id::create_qp_with`]) is borrowed for `'ch` too. The id is `Send` but not `Sync`.
 ///
 /// A failed operation gives the id back in its old state inside a [`TransitionError`].
 ///
@@ -52,7 +53,7 @@ pub struct IdKey(pub(crate) usize);
 /// let id = id.addr_resolved(&channel.get_event()?)?;
 /// let id = id.resolve_route(timeout)?;
 /// let id = id.route_resolved(&channel.get_event()?)?;
-/// println!("route to {:?} on {}", id.peer_addr(), id.verbs().device_name());
+/// println!("route to {:?} on {}", id.peer_addr(), id.verbs().name());
 /// # Ok::<(), evchan_core::Error>(())
 /// ```
 ///
@@ -71,7 +72,7 @@ pub struct IdKey(pub(crate) usize);
 #[doc(alias = "rdma_create_id")]
 #[doc(alias = "rdma_destroy_id")]
 pub struct Id<'ch, S: State = Idle> {
-    pub(super) raw: RawId<'ch>,
+    pub(crate) raw: RawId<'ch>,
     _state: PhantomData<S>,
 }
 
@@ -215,7 +216,9 @@ impl<'ch, S: State> Id<'ch, S> {
     ///
     /// # Errors
     /// [`Error::Busy`] while an event counted against the id is unacked (the C call would wait
-    /// for its ack forever); the OS error otherwise. The id comes back unchanged.
+    /// for its ack forever); `EBUSY` as an OS error while the id has a QP on the caller's PD
+    /// and CQs ([`Id::create_qp_with`]), which the migrated id would not borrow; the OS error
+    /// otherwise. The id comes back unchanged.
     #[doc(alias = "rdma_migrate_id")]
     pub fn migrate<'to>(self, channel: &'to EventChannel) -> Transition<'ch, S, Id<'to, S>> {
         let pending = self.raw.pending();
@@ -290,11 +293,11 @@ impl<'ch, S: State> Id<'ch, S> {
     /// Never in practice: librdmacm guarantees a device in these states (it turns an address
     /// resolution without one into `ADDR_ERROR`).
     #[must_use]
-    pub fn verbs(&self) -> Context<'_>
+    pub fn verbs(&self) -> ContextRef<'_>
     where
         S: HasDevice,
     {
-        Context::new(
+        ContextRef::new(
             self.raw
                 .verbs()
                 .expect("librdmacm: an id with a device has `verbs`"),
@@ -302,13 +305,13 @@ impl<'ch, S: State> Id<'ch, S> {
     }
 
     /// `rdma_cm_id::pd`: the protection domain librdmacm allocated for the id's device (used by
-    /// [`Id::create_qp`]).
+    /// [`Id::create_qp`]); the caller's while a QP from [`Id::create_qp_with`] lives.
     #[must_use]
-    pub fn pd(&self) -> Option<ProtectionDomain<'_>>
+    pub fn pd(&self) -> Option<PdRef<'_>>
     where
         S: HasDevice,
     {
-        self.raw.pd().map(ProtectionDomain::new)
+        self.raw.pd().map(PdRef::new)
     }
 
     /// `rdma_cm_id::port_num`: the device port of the id.

@@ -1,25 +1,31 @@
-//! The one module of evchan-core that calls C.
+//! The one module tree of evchan-core that calls C.
 //!
 //! # Safety
 //!
 //! Everything unsafe in the crate lives under this module; the rest of the crate is
-//! `#![deny(unsafe_code)]` and only calls the safe, crate-private wrappers defined here.
+//! `#![deny(unsafe_code)]` and only calls the safe, crate-private wrappers defined here (the
+//! one exception: the `unsafe fn` raw posts of the public API, which only declare the caller's
+//! contract and forward here). Each block carries a `// SAFETY:` comment and each `unsafe fn` a
+//! `# Safety` section.
 //!
-//! The wrappers own their C objects and carry the lifetimes that librdmacm requires, so that the
-//! borrow checker enforces the C contracts even inside this module:
+//! The wrappers own their C objects and carry the lifetimes that librdmacm and libibverbs
+//! require, so that the borrow checker enforces the C contracts even inside this module:
 //!
 //! - [`cm::RawChannel`] owns an `rdma_event_channel`; every [`cm::Id`] and [`cm::RawEvent`]
 //!   borrows it (`'ch`), so the channel is destroyed only after all of them.
-//! - [`cm::Id`] owns an `rdma_cm_id` together with a shared record ([`cm::IdInner`]) that counts
-//!   the events read for the id and not yet acked. `rdma_destroy_id` and `rdma_migrate_id` block
-//!   until every event already read for the id is acked; the record defers the destroy to the
-//!   last ack and refuses a migrate while events are pending, so neither can hang the thread that
-//!   holds the event.
+//! - [`cm::Id`] owns an `rdma_cm_id` together with a shared record that counts the events read
+//!   for the id and not yet acked. `rdma_destroy_id` and `rdma_migrate_id` block until every
+//!   event already read for the id is acked; the record defers the destroy to the last ack and
+//!   refuses a migrate while events are pending, so neither can hang the thread that holds the
+//!   event. The id also owns its QP (`rdma_create_qp`); a QP on the caller's PD and CQs is
+//!   destroyed when the owner goes, never later (see [`cm::Id::create_qp_with`]).
 //! - [`cm::RawEvent`] owns one `rdma_cm_event` until `rdma_ack_cm_event`, and with it the private
 //!   data the event points into.
+//! - [`verbs`]: the device context (opened here, or librdmacm's held by a device reference),
+//!   PD, memory regions, completion channel, CQs and QPs, each borrowing what it needs alive;
+//!   the table is in its docs.
 //!
-//! The verbs objects reachable from an id (device context, protection domain, queue pair) live
-//! in [`verbs`]; socket address conversions in [`addr`].
+//! Socket address conversions are in [`addr`].
 #![allow(unsafe_code)]
 
 pub(crate) mod addr;

@@ -15,7 +15,7 @@ use evchan_sys as sys;
 
 use super::RawChannel;
 use crate::ffi::addr::{self, SockAddr};
-use crate::ffi::verbs::{Context, ProtectionDomain};
+use crate::ffi::verbs::{ContextRef, Cq, Pd, PdRef, QpPtr};
 
 /// The shared record of one C id: see the module docs.
 pub(crate) struct IdInner {
@@ -31,8 +31,13 @@ struct IdState {
     released: bool,
     /// `rdma_destroy_id` has been called (or is running).
     destroyed: bool,
-    /// `rdma_create_qp` succeeded: the QP goes with the id.
+    /// `rdma_create_qp` succeeded with library-made CQs: the QP goes with the id.
     has_qp: bool,
+    /// `rdma_create_qp` succeeded on the caller's PD and CQs ([`Id::create_qp_with`]), which
+    /// are borrowed only as long as the owner: the QP is destroyed when the owner goes (never
+    /// deferred), and the id's `pd` is put back to this value, librdmacm's own PD (the call
+    /// set it to the caller's).
+    user_qp: Option<*mut sys::ibv_pd>,
     /// Multicast groups joined and not left: left before the id is destroyed.
     groups: Vec<SocketAddr>,
 }
@@ -70,11 +75,27 @@ impl IdInner {
         self.lock().pending += 1;
     }
 
+    /// `rdma_destroy_qp` of a QP made by [`Id::create_qp_with`], and `pd` put back to
+    /// librdmacm's. Called with the state locked, so no destroy of the id runs meanwhile.
+    fn destroy_user_qp(&self, lib_pd: *mut sys::ibv_pd) {
+        // SAFETY: the id is live (its owner is being dropped, so `destroyed` is false) and has
+        // the QP; the caller's PD and CQs are still borrowed by the owner. Async events naming
+        // the QP are acked at read (`ffi::verbs::RawAsyncEvent`), so `ibv_destroy_qp` does not
+        // wait on one. The CQs are the caller's, so `rdma_destroy_qp` destroys no CQ.
+        unsafe { sys::rdma_destroy_qp(self.raw.as_ptr()) };
+        // SAFETY: the id is live; its owner (the only writer) is being dropped, under the lock.
+        unsafe { (*self.raw.as_ptr()).pd = lib_pd };
+    }
+
     /// Drops one claim (the owner's, or one pending event's) and destroys the C id when it was
-    /// the last one.
+    /// the last one. The owner's claim first destroys a QP on the caller's PD and CQs, whose
+    /// borrows end with the owner, even when the destroy of the id is deferred.
     pub(super) fn release(&self, owner: bool) {
         let mut st = self.lock();
         if owner {
+            if let Some(lib_pd) = st.user_qp.take() {
+                self.destroy_user_qp(lib_pd);
+            }
             st.released = true;
         } else {
             st.pending -= 1;
@@ -307,15 +328,25 @@ impl<'ch> Id<'ch> {
     }
 
     /// The device context, once an address is bound to a device or resolved.
-    pub(crate) fn verbs(&self) -> Option<Context<'_>> {
+    pub(crate) fn verbs(&self) -> Option<ContextRef<'_>> {
         // SAFETY: `verbs` is NULL or the device context librdmacm keeps open while the id lives.
-        unsafe { Context::from_raw(self.get().verbs) }
+        unsafe { ContextRef::from_raw(self.get().verbs) }
     }
 
     /// The protection domain librdmacm allocated for the id's device.
-    pub(crate) fn pd(&self) -> Option<ProtectionDomain<'_>> {
+    pub(crate) fn pd(&self) -> Option<PdRef<'_>> {
         // SAFETY: `pd` is NULL or the device's PD, which lives while the id holds the device.
-        unsafe { ProtectionDomain::from_raw(self.get().pd) }
+        unsafe { PdRef::from_raw(self.get().pd) }
+    }
+
+    /// The id's QP, when [`Id::create_qp_with`] made it (on the caller's CQs); `None` for no
+    /// QP or one with library-made CQs.
+    pub(crate) fn user_qp(&self) -> Option<QpPtr<'_>> {
+        self.inner.lock().user_qp?;
+        let qp = NonNull::new(self.get().qp)?;
+        // SAFETY: the QP is destroyed only in the owner's drop (`release`), which cannot run
+        // while `self` is borrowed.
+        Some(unsafe { QpPtr::from_raw(qp) })
     }
 
     pub(crate) fn qp_num(&self) -> Option<u32> {
@@ -372,10 +403,47 @@ impl<'ch> Id<'ch> {
 
     /// `rdma_create_qp` with the id's PD and library-created CQs.
     pub(crate) fn create_qp(&self, caps: QpCaps) -> io::Result<()> {
+        self.create_qp_raw(ptr::null_mut(), ptr::null_mut(), ptr::null_mut(), caps)?;
+        self.inner.lock().has_qp = true;
+        Ok(())
+    }
+
+    /// `rdma_create_qp` on `pd`, completing sends on `send_cq` and receives on `recv_cq`.
+    ///
+    /// All three are borrowed for `'ch`, which the owner cannot outlive (`&mut self` makes
+    /// `'ch` exact; `Id` has a `Drop` that uses it). The owner's drop destroys the QP before
+    /// anything else (`release`), and [`Id::migrate`], which would give the id another
+    /// lifetime, is refused while the QP lives. So the QP never outlives them.
+    pub(crate) fn create_qp_with(
+        &mut self,
+        pd: &'ch Pd<'_>,
+        send_cq: &'ch Cq<'_>,
+        recv_cq: &'ch Cq<'_>,
+        caps: QpCaps,
+    ) -> io::Result<()> {
+        let lib_pd = self.get().pd;
+        self.create_qp_raw(
+            pd.ptr.as_ptr(),
+            send_cq.ptr.as_ptr(),
+            recv_cq.ptr.as_ptr(),
+            caps,
+        )?;
+        self.inner.lock().user_qp = Some(lib_pd);
+        Ok(())
+    }
+
+    /// `rdma_create_qp`; NULL `pd` for the id's, NULL CQs for library-made ones.
+    fn create_qp_raw(
+        &self,
+        pd: *mut sys::ibv_pd,
+        send_cq: *mut sys::ibv_cq,
+        recv_cq: *mut sys::ibv_cq,
+        caps: QpCaps,
+    ) -> io::Result<()> {
         let mut attr = sys::ibv_qp_init_attr {
             qp_context: ptr::null_mut(),
-            send_cq: ptr::null_mut(),
-            recv_cq: ptr::null_mut(),
+            send_cq,
+            recv_cq,
             srq: ptr::null_mut(),
             cap: sys::ibv_qp_cap {
                 max_send_wr: caps.max_send_wr,
@@ -388,10 +456,10 @@ impl<'ch> Id<'ch> {
             sq_sig_all: c_int::from(caps.sq_sig_all),
         };
         // SAFETY: live id with a device (the caller's state guarantees it; librdmacm fails
-        // with an errno otherwise); `attr` is valid and the PD argument NULL (use `id->pd`).
-        check(unsafe { sys::rdma_create_qp(self.raw(), ptr::null_mut(), &mut attr) })?;
-        self.inner.lock().has_qp = true;
-        Ok(())
+        // with an errno otherwise, and with EINVAL for a PD of another device or a second QP);
+        // `attr` is valid; the PD and CQs are NULL (library ones) or live objects of the
+        // caller's that outlive the QP (`create_qp_with`).
+        check(unsafe { sys::rdma_create_qp(self.raw(), pd, &mut attr) })
     }
 
     /// `rdma_join_multicast` (no user context).
@@ -464,9 +532,11 @@ impl<'ch> Id<'ch> {
     }
 
     /// `rdma_migrate_id` to `to`. Refused with `EBUSY` (and the id given back) while events
-    /// counted against the id are unacked, since the call would wait for their acks.
+    /// counted against the id are unacked, since the call would wait for their acks, and while
+    /// the id has a QP on the caller's PD and CQs: those are borrowed for `'ch`, which the
+    /// migrated id would no longer carry.
     pub(crate) fn migrate<'to>(self, to: &'to RawChannel) -> Result<Id<'to>, (Self, io::Error)> {
-        if self.pending() > 0 {
+        if self.pending() > 0 || self.inner.lock().user_qp.is_some() {
             return Err((self, io::Error::from_raw_os_error(libc::EBUSY)));
         }
         // SAFETY: live id and live target channel; no event of ours is pending, so the call

@@ -31,7 +31,7 @@ use std::ptr::{self, NonNull};
 
 use evchan_sys as sys;
 
-use super::verbs::Context;
+use super::verbs::ContextRef;
 
 mod event;
 mod id;
@@ -113,8 +113,8 @@ pub(crate) fn device_names() -> io::Result<Vec<String>> {
     let mut names = Vec::with_capacity(count);
     for &ctx in contexts {
         // SAFETY: each entry is a live context until `rdma_free_devices`.
-        if let Some(c) = unsafe { Context::from_raw(ctx) } {
-            names.push(c.device_name());
+        if let Some(c) = unsafe { ContextRef::from_raw(ctx) } {
+            names.push(c.name());
         }
     }
     // SAFETY: `list` came from `rdma_get_devices` and is freed once.

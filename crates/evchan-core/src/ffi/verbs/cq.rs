@@ -1,0 +1,276 @@
+//! Completion channels, CQs and CQ event acks.
+
+use std::io;
+use std::marker::PhantomData;
+use std::mem::MaybeUninit;
+use std::os::fd::BorrowedFd;
+use std::ptr::{self, NonNull};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+
+use evchan_sys as sys;
+use libc::{c_int, c_void};
+
+use super::*;
+
+// ---------------------------------------------------------------------------------------------
+// Completion channel, CQ, CQ events
+// ---------------------------------------------------------------------------------------------
+
+/// `ibv_create_comp_channel` / `ibv_destroy_comp_channel`. Its fd is set `O_NONBLOCK`.
+#[derive(Debug)]
+pub(crate) struct CompChannel<'ctx> {
+    pub(super) ptr: NonNull<sys::ibv_comp_channel>,
+    events_read: AtomicU64,
+    _ctx: PhantomData<&'ctx Context>,
+}
+
+// SAFETY: completion channels are thread-safe (reads of one fd; ibv_get_cq_event takes no lock
+// that another thread could hold forever).
+unsafe impl Send for CompChannel<'_> {}
+// SAFETY: as above.
+unsafe impl Sync for CompChannel<'_> {}
+
+impl<'ctx> CompChannel<'ctx> {
+    pub(crate) fn new(ctx: &'ctx Context) -> io::Result<Self> {
+        // SAFETY: live context.
+        let ch = unsafe { sys::ibv_create_comp_channel(ctx.ptr.as_ptr()) };
+        let ch = CompChannel {
+            ptr: NonNull::new(ch).ok_or_else(null_err)?,
+            events_read: AtomicU64::new(0),
+            _ctx: PhantomData,
+        };
+        sys::fd::set_nonblocking(ch.fd(), true)?;
+        Ok(ch)
+    }
+
+    pub(crate) fn fd(&self) -> BorrowedFd<'_> {
+        // SAFETY: live channel; `fd` is written once at creation.
+        let fd = unsafe { (*self.ptr.as_ptr()).fd };
+        // SAFETY: the channel's fd is open from creation until ibv_destroy_comp_channel, which
+        // runs only in Drop, after every borrow of self has ended.
+        unsafe { BorrowedFd::borrow_raw(fd) }
+    }
+
+    /// How many events `get_cq_event` has read from this channel.
+    pub(crate) fn events_read(&self) -> u64 {
+        self.events_read.load(Ordering::Relaxed)
+    }
+
+    /// `ibv_get_cq_event` on the non-blocking fd: `Ok(None)` on `EAGAIN`.
+    pub(crate) fn get_cq_event(&self) -> io::Result<Option<CqEventAck>> {
+        let mut cq: *mut sys::ibv_cq = ptr::null_mut();
+        let mut cq_context: *mut c_void = ptr::null_mut();
+        loop {
+            // SAFETY: live channel; both out-pointers are valid.
+            let ret = unsafe { sys::ibv_get_cq_event(self.ptr.as_ptr(), &mut cq, &mut cq_context) };
+            if ret == 0 {
+                break;
+            }
+            let e = sys::last_error();
+            match e.kind() {
+                io::ErrorKind::WouldBlock => return Ok(None),
+                io::ErrorKind::Interrupted => continue,
+                _ => return Err(e),
+            }
+        }
+        self.events_read.fetch_add(1, Ordering::Relaxed);
+        match NonNull::new(cq) {
+            Some(cq) => Ok(Some(CqEventAck {
+                cq,
+                token: cq_context as u64,
+            })),
+            None => Err(io::Error::from_raw_os_error(libc::EIO)),
+        }
+    }
+}
+
+impl CompChannel<'_> {
+    /// `ibv_destroy_comp_channel`, reporting its result (Drop ignores it).
+    pub(crate) fn destroy(self) -> io::Result<()> {
+        let me = std::mem::ManuallyDrop::new(self);
+        // SAFETY: as in Drop, which will not run (ManuallyDrop): destroyed once.
+        let ret = unsafe { sys::ibv_destroy_comp_channel(me.ptr.as_ptr()) };
+        sys::cvt_errno(ret)
+    }
+}
+
+impl Drop for CompChannel<'_> {
+    fn drop(&mut self) {
+        // SAFETY: every CQ on the channel borrows it, so none is alive and the C refcount is
+        // zero: EBUSY cannot happen. Destroyed once; this also closes the fd.
+        let _ = unsafe { sys::ibv_destroy_comp_channel(self.ptr.as_ptr()) };
+    }
+}
+
+static NEXT_CQ_TOKEN: AtomicU64 = AtomicU64::new(1);
+
+/// `ibv_create_cq` / `ibv_destroy_cq`, with the pending (deferred) ack count of its events.
+#[derive(Debug)]
+pub(crate) struct Cq<'ch> {
+    pub(in crate::ffi) ptr: NonNull<sys::ibv_cq>,
+    token: u64,
+    pending_acks: AtomicU32,
+    _ch: PhantomData<&'ch CompChannel<'ch>>,
+}
+
+// SAFETY: CQs are thread-safe libibverbs objects (providers lock poll/arm); the ack count is
+// atomic.
+unsafe impl Send for Cq<'_> {}
+// SAFETY: as above.
+unsafe impl Sync for Cq<'_> {}
+
+/// One plain-data work completion (`struct ibv_wc`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct RawWc {
+    pub(crate) wr_id: u64,
+    pub(crate) status: u32,
+    pub(crate) opcode: u32,
+    pub(crate) vendor_err: u32,
+    pub(crate) byte_len: u32,
+    /// `imm_data` (network order) or `invalidated_rkey`, per `wc_flags`.
+    pub(crate) imm_or_rkey: u32,
+    pub(crate) qp_num: u32,
+    pub(crate) src_qp: u32,
+    pub(crate) wc_flags: u32,
+}
+
+impl<'ch> Cq<'ch> {
+    pub(crate) fn new(ch: &'ch CompChannel<'_>, cqe: c_int) -> io::Result<Self> {
+        let token = NEXT_CQ_TOKEN.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: live channel; its `context` is the live context it was created on.
+        let ctx = unsafe { (*ch.ptr.as_ptr()).context };
+        // SAFETY: live context and channel; `cq_context` is an opaque token, never dereferenced.
+        let cq = unsafe { sys::ibv_create_cq(ctx, cqe, token as *mut c_void, ch.ptr.as_ptr(), 0) };
+        Ok(Cq {
+            ptr: NonNull::new(cq).ok_or_else(null_err)?,
+            token,
+            pending_acks: AtomicU32::new(0),
+            _ch: PhantomData,
+        })
+    }
+
+    pub(crate) fn token(&self) -> u64 {
+        self.token
+    }
+
+    pub(crate) fn capacity(&self) -> i32 {
+        // SAFETY: live CQ; `cqe` is written at creation.
+        unsafe { (*self.ptr.as_ptr()).cqe }
+    }
+
+    /// `ibv_req_notify_cq`.
+    pub(crate) fn req_notify(&self, solicited_only: bool) -> io::Result<()> {
+        // SAFETY: live CQ.
+        let ret = unsafe { sys::ibv_req_notify_cq(self.ptr.as_ptr(), c_int::from(solicited_only)) };
+        sys::cvt_errno(ret)
+    }
+
+    /// `ibv_poll_cq` for at most `min(out.len(), POLL_BATCH)` completions.
+    pub(crate) fn poll(&self, out: &mut [RawWc]) -> io::Result<usize> {
+        let n = out.len().min(POLL_BATCH);
+        if n == 0 {
+            return Ok(0);
+        }
+        let mut wcs: [MaybeUninit<sys::ibv_wc>; POLL_BATCH] =
+            [const { MaybeUninit::uninit() }; POLL_BATCH];
+        // SAFETY: live CQ; `wcs` has room for `n <= POLL_BATCH` entries.
+        let got =
+            unsafe { sys::ibv_poll_cq(self.ptr.as_ptr(), n as c_int, wcs.as_mut_ptr().cast()) };
+        let got = usize::try_from(got)
+            .map_err(|_| io::Error::from_raw_os_error(got.unsigned_abs() as i32))?;
+        for (slot, wc) in out.iter_mut().zip(&wcs[..got.min(n)]) {
+            // SAFETY: ibv_poll_cq initialised the first `got` entries.
+            let wc = unsafe { wc.assume_init_ref() };
+            // SAFETY: both members of the union are u32.
+            let imm_or_rkey = unsafe { wc.imm_data_invalidated_rkey_union.imm_data };
+            *slot = RawWc {
+                wr_id: wc.wr_id,
+                status: wc.status,
+                opcode: wc.opcode,
+                vendor_err: wc.vendor_err,
+                byte_len: wc.byte_len,
+                imm_or_rkey,
+                qp_num: wc.qp_num,
+                src_qp: wc.src_qp,
+                wc_flags: wc.wc_flags,
+            };
+        }
+        Ok(got.min(n))
+    }
+
+    /// Acks every deferred event now (`ibv_ack_cq_events` with the count).
+    pub(crate) fn flush_acks(&self) {
+        let n = self.pending_acks.swap(0, Ordering::AcqRel);
+        if n > 0 {
+            // SAFETY: live CQ; `n` events were read for it and not yet acked.
+            unsafe { sys::ibv_ack_cq_events(self.ptr.as_ptr(), n) };
+        }
+    }
+
+    pub(crate) fn pending_acks(&self) -> u32 {
+        self.pending_acks.load(Ordering::Acquire)
+    }
+}
+
+impl Cq<'_> {
+    /// Flushes the pending acks, then `ibv_destroy_cq`, reporting its result (Drop ignores it).
+    pub(crate) fn destroy(self) -> io::Result<()> {
+        self.flush_acks();
+        let me = std::mem::ManuallyDrop::new(self);
+        // SAFETY: as in Drop, which will not run (ManuallyDrop): destroyed once, acks flushed.
+        let ret = unsafe { sys::ibv_destroy_cq(me.ptr.as_ptr()) };
+        sys::cvt_errno(ret)
+    }
+}
+
+impl Drop for Cq<'_> {
+    fn drop(&mut self) {
+        // Every event read for this CQ is either deferred into `pending_acks` (flushed here) or
+        // still held by a CqEventAck, which acks on drop without needing this handle. The public
+        // guard borrows the Cq, so in safe code none is alive now: ibv_destroy_cq cannot wait.
+        self.flush_acks();
+        // SAFETY: QPs borrow the CQ, so none uses it; destroyed once.
+        let _ = unsafe { sys::ibv_destroy_cq(self.ptr.as_ptr()) };
+    }
+}
+
+/// One completion event read from a channel and not yet acked.
+///
+/// Dropping it acks it at once; [`defer`](Self::defer) moves the ack into its CQ's batch.
+#[derive(Debug)]
+pub(crate) struct CqEventAck {
+    cq: NonNull<sys::ibv_cq>,
+    token: u64,
+}
+
+// SAFETY: acking from another thread is allowed; the CQ cannot be freed while this is unacked.
+unsafe impl Send for CqEventAck {}
+// SAFETY: shared access only reads the token.
+unsafe impl Sync for CqEventAck {}
+
+impl CqEventAck {
+    pub(crate) fn token(&self) -> u64 {
+        self.token
+    }
+
+    /// Adds this event to `cq`'s pending acks (flushing at [`ACK_BATCH`]), or, when `cq` is not
+    /// the event's CQ, gives the event back.
+    pub(crate) fn defer(self, cq: &Cq<'_>) -> Result<(), Self> {
+        if cq.ptr != self.cq {
+            return Err(self);
+        }
+        std::mem::forget(self);
+        if cq.pending_acks.fetch_add(1, Ordering::AcqRel) + 1 >= ACK_BATCH {
+            cq.flush_acks();
+        }
+        Ok(())
+    }
+}
+
+impl Drop for CqEventAck {
+    fn drop(&mut self) {
+        // SAFETY: the event was read for this CQ and not acked (defer forgets self), so the CQ
+        // is still allocated: ibv_destroy_cq waits for this very ack before freeing it.
+        unsafe { sys::ibv_ack_cq_events(self.cq.as_ptr(), 1) };
+    }
+}

@@ -1,0 +1,373 @@
+//! Queue pairs, and posting work requests on any QP (ours or an rdma_cm id's).
+
+use std::io;
+use std::marker::PhantomData;
+use std::mem::MaybeUninit;
+use std::ptr::{self, NonNull};
+use std::sync::atomic::Ordering;
+
+use evchan_sys as sys;
+use libc::c_int;
+
+use super::mr::NEXT_OWNED_WR_ID;
+use super::*;
+
+// ---------------------------------------------------------------------------------------------
+// Queue pairs and posting
+// ---------------------------------------------------------------------------------------------
+
+/// Plain QP creation attributes (`struct ibv_qp_init_attr`).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct QpInit {
+    pub(crate) qp_type: u32,
+    pub(crate) max_send_wr: u32,
+    pub(crate) max_recv_wr: u32,
+    pub(crate) max_send_sge: u32,
+    pub(crate) max_recv_sge: u32,
+    pub(crate) max_inline_data: u32,
+    pub(crate) sq_sig_all: bool,
+}
+
+/// Plain QP modify attributes: the subset of `struct ibv_qp_attr` the safe layer sets.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct QpModify {
+    pub(crate) mask: c_int,
+    pub(crate) state: u32,
+    pub(crate) pkey_index: u16,
+    pub(crate) port_num: u8,
+    pub(crate) access: u32,
+    pub(crate) path_mtu: u32,
+    pub(crate) dest_qp_num: u32,
+    pub(crate) rq_psn: u32,
+    pub(crate) sq_psn: u32,
+    pub(crate) max_dest_rd_atomic: u8,
+    pub(crate) max_rd_atomic: u8,
+    pub(crate) min_rnr_timer: u8,
+    pub(crate) timeout: u8,
+    pub(crate) retry_cnt: u8,
+    pub(crate) rnr_retry: u8,
+    pub(crate) qkey: u32,
+    /// `Some((dgid, sgid_index, hop_limit))` for a global route.
+    pub(crate) grh: Option<([u8; 16], u8, u8)>,
+    pub(crate) dlid: u16,
+}
+
+/// `ibv_create_qp` / `ibv_destroy_qp`.
+#[derive(Debug)]
+pub(crate) struct Qp<'res> {
+    ptr: NonNull<sys::ibv_qp>,
+    _res: PhantomData<(&'res Pd<'res>, &'res Cq<'res>)>,
+}
+
+// SAFETY: QPs are thread-safe libibverbs objects (providers lock post/modify).
+unsafe impl Send for Qp<'_> {}
+// SAFETY: as above.
+unsafe impl Sync for Qp<'_> {}
+
+/// Flags of a send work request (`enum ibv_send_flags`, the ones evchan supports).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SendFlags {
+    /// `IBV_SEND_SIGNALED`: a completion also on success (failures always complete).
+    pub signaled: bool,
+    /// `IBV_SEND_SOLICITED`: the receiver's CQ, armed with `solicited_only`, raises an event.
+    pub solicited: bool,
+}
+
+impl Default for SendFlags {
+    /// Signaled, not solicited.
+    fn default() -> Self {
+        SendFlags {
+            signaled: true,
+            solicited: false,
+        }
+    }
+}
+
+/// One scatter/gather element (`struct ibv_sge`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Sge {
+    /// Start address of the registered memory to use.
+    pub addr: u64,
+    /// Length in bytes.
+    pub length: u32,
+    /// The local key of the memory region that covers `addr..addr + length`.
+    pub lkey: u32,
+}
+
+impl<'res> Qp<'res> {
+    pub(crate) fn new(
+        pd: &'res Pd<'_>,
+        send_cq: &'res Cq<'_>,
+        recv_cq: &'res Cq<'_>,
+        init: QpInit,
+    ) -> io::Result<Self> {
+        let mut attr = sys::ibv_qp_init_attr {
+            qp_context: ptr::null_mut(),
+            send_cq: send_cq.ptr.as_ptr(),
+            recv_cq: recv_cq.ptr.as_ptr(),
+            srq: ptr::null_mut(),
+            cap: sys::ibv_qp_cap {
+                max_send_wr: init.max_send_wr,
+                max_recv_wr: init.max_recv_wr,
+                max_send_sge: init.max_send_sge,
+                max_recv_sge: init.max_recv_sge,
+                max_inline_data: init.max_inline_data,
+            },
+            qp_type: init.qp_type,
+            sq_sig_all: c_int::from(init.sq_sig_all),
+        };
+        // SAFETY: live PD and CQs (borrowed for 'res); `attr` is fully initialised.
+        let qp = unsafe { sys::ibv_create_qp(pd.ptr.as_ptr(), &mut attr) };
+        Ok(Qp {
+            ptr: NonNull::new(qp).ok_or_else(null_err)?,
+            _res: PhantomData,
+        })
+    }
+
+    /// The borrowed QP, to post and modify through.
+    pub(crate) fn ptr(&self) -> QpPtr<'_> {
+        QpPtr {
+            ptr: self.ptr,
+            _qp: PhantomData,
+        }
+    }
+}
+
+/// A QP borrowed for `'a`: ours ([`Qp::ptr`]) or an rdma_cm id's (`ffi::cm::Id::qp`). Every
+/// verb that does not destroy the QP goes through it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct QpPtr<'a> {
+    ptr: NonNull<sys::ibv_qp>,
+    _qp: PhantomData<&'a sys::ibv_qp>,
+}
+
+impl QpPtr<'_> {
+    /// Borrows `ptr`.
+    ///
+    /// # Safety
+    ///
+    /// `ptr` is a live QP that stays alive (not destroyed) for the chosen lifetime.
+    pub(crate) unsafe fn from_raw(ptr: NonNull<sys::ibv_qp>) -> Self {
+        QpPtr {
+            ptr,
+            _qp: PhantomData,
+        }
+    }
+
+    pub(crate) fn qp_num(&self) -> u32 {
+        // SAFETY: live QP; `qp_num` is written at creation.
+        unsafe { (*self.ptr.as_ptr()).qp_num }
+    }
+
+    pub(crate) fn state(&self) -> u32 {
+        let at = self
+            .ptr
+            .as_ptr()
+            .cast::<u8>()
+            .wrapping_add(std::mem::offset_of!(sys::ibv_qp, state))
+            .cast::<u32>();
+        // SAFETY: live QP; `state` is an aligned u32 that libibverbs updates on modify; a
+        // volatile read of it is only a hint, never torn.
+        unsafe { at.read_volatile() }
+    }
+
+    /// `ibv_modify_qp`.
+    pub(crate) fn modify(&self, m: &QpModify) -> io::Result<()> {
+        // SAFETY: ibv_qp_attr is plain data (integers, a union of byte arrays, pointers unused
+        // here); all-zero is a valid value.
+        let mut attr: sys::ibv_qp_attr = unsafe { MaybeUninit::zeroed().assume_init() };
+        attr.qp_state = m.state;
+        attr.pkey_index = m.pkey_index;
+        attr.port_num = m.port_num;
+        attr.qp_access_flags = m.access;
+        attr.path_mtu = m.path_mtu;
+        attr.dest_qp_num = m.dest_qp_num;
+        attr.rq_psn = m.rq_psn;
+        attr.sq_psn = m.sq_psn;
+        attr.max_dest_rd_atomic = m.max_dest_rd_atomic;
+        attr.max_rd_atomic = m.max_rd_atomic;
+        attr.min_rnr_timer = m.min_rnr_timer;
+        attr.timeout = m.timeout;
+        attr.retry_cnt = m.retry_cnt;
+        attr.rnr_retry = m.rnr_retry;
+        attr.qkey = m.qkey;
+        attr.ah_attr.port_num = m.port_num;
+        attr.ah_attr.dlid = m.dlid;
+        if let Some((dgid, sgid_index, hop_limit)) = m.grh {
+            attr.ah_attr.is_global = 1;
+            attr.ah_attr.grh.dgid = sys::ibv_gid { raw: dgid };
+            attr.ah_attr.grh.sgid_index = sgid_index;
+            attr.ah_attr.grh.hop_limit = hop_limit;
+        }
+        // SAFETY: live QP; `attr` is initialised for every field the mask names.
+        let ret = unsafe { sys::ibv_modify_qp(self.ptr.as_ptr(), &mut attr, m.mask) };
+        sys::cvt_errno(ret)
+    }
+
+    /// `ibv_post_send` of one work request.
+    ///
+    /// # Safety
+    ///
+    /// Every `sge` must lie in memory registered (under its `lkey`) with this QP's PD, and that
+    /// memory must stay allocated, registered and not written by anyone else until the work
+    /// request's completion has been polled (or the QP is destroyed). Without
+    /// `flags.signaled` (and without `sq_sig_all`) no completion comes on success; then until
+    /// a later signaled one on the same QP has completed.
+    pub(crate) unsafe fn post_send(
+        &self,
+        wr_id: u64,
+        sges: &[Sge],
+        imm: Option<u32>,
+        flags: SendFlags,
+    ) -> io::Result<()> {
+        let mut sg: Vec<sys::ibv_sge> = sges
+            .iter()
+            .map(|s| sys::ibv_sge {
+                addr: s.addr,
+                length: s.length,
+                lkey: s.lkey,
+            })
+            .collect();
+        // SAFETY: ibv_send_wr is plain data (integers, raw pointers, unions of those); all-zero
+        // is valid (NULL next, no remote address).
+        let mut wr: sys::ibv_send_wr = unsafe { MaybeUninit::zeroed().assume_init() };
+        wr.wr_id = wr_id;
+        wr.sg_list = sg.as_mut_ptr();
+        wr.num_sge =
+            c_int::try_from(sg.len()).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+        let mut bits = 0;
+        if flags.signaled {
+            bits |= sys::ibv_send_flags::IBV_SEND_SIGNALED.0;
+        }
+        if flags.solicited {
+            bits |= sys::ibv_send_flags::IBV_SEND_SOLICITED.0;
+        }
+        wr.send_flags = bits;
+        match imm {
+            Some(imm) => {
+                wr.opcode = sys::ibv_wr_opcode::IBV_WR_SEND_WITH_IMM;
+                wr.imm_data_invalidated_rkey_union.imm_data = imm.to_be();
+            }
+            None => wr.opcode = sys::ibv_wr_opcode::IBV_WR_SEND,
+        }
+        let mut bad: *mut sys::ibv_send_wr = ptr::null_mut();
+        // SAFETY: live QP; `wr` and `sg` outlive the call (the provider copies them); the memory
+        // they name is the caller's contract.
+        let ret = unsafe { sys::ibv_post_send(self.ptr.as_ptr(), &mut wr, &mut bad) };
+        sys::cvt_errno(ret)
+    }
+
+    /// `ibv_post_recv` of one work request.
+    ///
+    /// # Safety
+    ///
+    /// Every `sge` must lie in memory registered (under its `lkey`, with local write access)
+    /// with this QP's PD, and that memory must stay allocated, registered and unaccessed by
+    /// anyone else until the work request's completion has been polled (or the QP is destroyed):
+    /// the device writes into it.
+    pub(crate) unsafe fn post_recv(&self, wr_id: u64, sges: &[Sge]) -> io::Result<()> {
+        let mut sg: Vec<sys::ibv_sge> = sges
+            .iter()
+            .map(|s| sys::ibv_sge {
+                addr: s.addr,
+                length: s.length,
+                lkey: s.lkey,
+            })
+            .collect();
+        let mut wr = sys::ibv_recv_wr {
+            wr_id,
+            next: ptr::null_mut(),
+            sg_list: sg.as_mut_ptr(),
+            num_sge: c_int::try_from(sg.len())
+                .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?,
+        };
+        let mut bad: *mut sys::ibv_recv_wr = ptr::null_mut();
+        // SAFETY: live QP; `wr` and `sg` outlive the call; the memory is the caller's contract.
+        let ret = unsafe { sys::ibv_post_recv(self.ptr.as_ptr(), &mut wr, &mut bad) };
+        sys::cvt_errno(ret)
+    }
+
+    /// Posts a send of `mr`'s bytes `range` and keeps the region until the completion.
+    ///
+    /// `B: 'static`: a forgotten [`Posted`] then leaks the buffer instead of freeing memory the
+    /// device may still read (a borrowed buffer's borrow would end at the `forget`).
+    pub(crate) fn post_send_owned<'pd, B: MrBuffer + 'static>(
+        &self,
+        mr: Mr<'pd, B>,
+        range: std::ops::Range<usize>,
+        imm: Option<u32>,
+        solicited: bool,
+    ) -> Result<Posted<'pd, B>, (io::Error, Mr<'pd, B>)> {
+        let sge = match sge_of(&mr, range) {
+            Ok(s) => s,
+            Err(e) => return Err((e, mr)),
+        };
+        let wr_id = OWNED_WR_ID_BIT | NEXT_OWNED_WR_ID.fetch_add(1, Ordering::Relaxed);
+        let flags = SendFlags {
+            signaled: true,
+            solicited,
+        };
+        // SAFETY: `sge` lies in `mr`, registered with a PD; `mr` (and so its buffer) moves into
+        // the returned Posted, which gives it back only for this work request's completion
+        // (signaled, so there is one), or deregisters it before freeing it (no DMA after
+        // ibv_dereg_mr), or leaks it.
+        match unsafe { self.post_send(wr_id, &[sge], imm, flags) } {
+            Ok(()) => Ok(Posted {
+                mr,
+                qp_num: self.qp_num(),
+                wr_id,
+                len: sge.length as usize,
+            }),
+            Err(e) => Err((e, mr)),
+        }
+    }
+
+    /// Posts a receive into `mr`'s bytes `range` and keeps the region until the completion.
+    ///
+    /// `B: 'static` for the reason given at [`post_send_owned`](Self::post_send_owned).
+    pub(crate) fn post_recv_owned<'pd, B: MrBuffer + 'static>(
+        &self,
+        mr: Mr<'pd, B>,
+        range: std::ops::Range<usize>,
+    ) -> Result<Posted<'pd, B>, (io::Error, Mr<'pd, B>)> {
+        let sge = match sge_of(&mr, range) {
+            Ok(s) => s,
+            Err(e) => return Err((e, mr)),
+        };
+        let wr_id = OWNED_WR_ID_BIT | NEXT_OWNED_WR_ID.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: as in post_send_owned; the device writes only into `range` of `mr`, which
+        // nobody else can reach while Posted holds it.
+        match unsafe { self.post_recv(wr_id, &[sge]) } {
+            Ok(()) => Ok(Posted {
+                mr,
+                qp_num: self.qp_num(),
+                wr_id,
+                len: sge.length as usize,
+            }),
+            Err(e) => Err((e, mr)),
+        }
+    }
+}
+
+/// The scatter/gather element of `range` of `mr`, checked.
+pub(crate) fn sge_of<B: MrBuffer>(
+    mr: &Mr<'_, B>,
+    range: std::ops::Range<usize>,
+) -> io::Result<Sge> {
+    let bytes = mr.bytes();
+    let inval = || io::Error::from_raw_os_error(libc::EINVAL);
+    let sub = bytes.get(range).ok_or_else(inval)?;
+    Ok(Sge {
+        addr: sub.as_ptr() as u64,
+        length: u32::try_from(sub.len()).map_err(|_| inval())?,
+        lkey: mr.lkey(),
+    })
+}
+
+impl Drop for Qp<'_> {
+    fn drop(&mut self) {
+        // SAFETY: created by ibv_create_qp, destroyed once. Async events naming it are acked
+        // at read (RawAsyncEvent), so ibv_destroy_qp cannot wait on one.
+        let _ = unsafe { sys::ibv_destroy_qp(self.ptr.as_ptr()) };
+    }
+}

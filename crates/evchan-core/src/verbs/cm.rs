@@ -1,0 +1,423 @@
+//! The verbs side of an rdma_cm id: borrowed views of its context and PD, its device context
+//! held open for the caller's own objects, and its QP on the caller's PD and CQs, with the same
+//! posts as a [`Qp`](super::Qp).
+//!
+//! One story for both halves of the crate: a [`Context`] is either opened by the caller
+//! ([`Context::open`]) or taken from an id after address resolution ([`CmId::context`]); on
+//! either, [`Pd`], [`CompChannel`](super::CompChannel), [`Cq`] and [`Mr`] are made the same way.
+//! An RC QP is then either created and connected by hand ([`Qp`](super::Qp)) or by the id
+//! ([`CmId::create_qp_with`], then `connect`/`accept`), and posted to the same way.
+
+use std::fmt;
+use std::io;
+use std::ops::Range;
+
+use crate::cm::state::{CanCreateQp, HasDevice, State};
+use crate::ffi::verbs as ffi;
+use crate::CmId;
+
+use super::qp::{post_recv_on, post_send_on};
+use super::{
+    Context, Cq, Error, Mr, MrBuffer, Pd, PostError, Posted, QpCaps, Result, SendFlags, Sge,
+};
+
+/// A device context (`struct ibv_context`) borrowed from the rdma_cm id that holds it
+/// ([`CmId::verbs`]): its name and identity. To create objects on it, take the owned
+/// [`Context`] of the id with [`CmId::context`].
+#[doc(alias = "ibv_context")]
+#[derive(Clone, Copy)]
+pub struct ContextRef<'a> {
+    raw: ffi::ContextRef<'a>,
+}
+
+impl<'a> ContextRef<'a> {
+    pub(crate) fn new(raw: ffi::ContextRef<'a>) -> Self {
+        Self { raw }
+    }
+
+    /// `ibv_get_device_name`: the device's name, e.g. `"rxe0"`.
+    #[doc(alias = "ibv_get_device_name")]
+    #[must_use]
+    pub fn name(&self) -> String {
+        self.raw.name()
+    }
+}
+
+impl fmt::Debug for ContextRef<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ContextRef")
+            .field("device", &self.name())
+            .finish()
+    }
+}
+
+impl PartialEq for ContextRef<'_> {
+    fn eq(&self, other: &Self) -> bool {
+        self.raw.key() == other.raw.key()
+    }
+}
+
+impl Eq for ContextRef<'_> {}
+
+/// A protection domain (`struct ibv_pd`) borrowed from the rdma_cm id that holds it
+/// ([`CmId::pd`]).
+#[doc(alias = "ibv_pd")]
+#[derive(Clone, Copy)]
+pub struct PdRef<'a> {
+    raw: ffi::PdRef<'a>,
+}
+
+impl<'a> PdRef<'a> {
+    pub(crate) fn new(raw: ffi::PdRef<'a>) -> Self {
+        Self { raw }
+    }
+
+    /// `ibv_pd::handle`: the kernel's handle of the PD.
+    #[must_use]
+    pub fn handle(&self) -> u32 {
+        self.raw.handle()
+    }
+
+    /// Whether the PD belongs to `context`'s device (`ibv_pd::context`).
+    #[must_use]
+    pub fn belongs_to(&self, context: &ContextRef<'_>) -> bool {
+        self.raw.context_key() == context.raw.key()
+    }
+}
+
+impl fmt::Debug for PdRef<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PdRef")
+            .field("handle", &self.handle())
+            .finish()
+    }
+}
+
+/// The capacities of the QP `rdma_create_qp` creates (`struct ibv_qp_init_attr`'s `cap`, and
+/// `sq_sig_all`), for [`CmId::create_qp`](crate::CmId::create_qp) and
+/// [`CmId::create_qp_with`]. The work queue sizes of a [`Qp`](super::Qp) made by hand,
+/// [`QpCaps`], convert into it.
+///
+/// ```
+/// use evchan_core::verbs::{QpCaps, QpInit};
+///
+/// let init = QpInit::new().max_send_wr(32);
+/// let same_as_a_hand_made_qp = QpInit::from(QpCaps::default());
+/// # let _ = (init, same_as_a_hand_made_qp);
+/// ```
+#[doc(alias = "ibv_qp_init_attr")]
+#[derive(Debug, Clone, Copy)]
+pub struct QpInit {
+    caps: crate::ffi::cm::QpCaps,
+}
+
+impl Default for QpInit {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl QpInit {
+    /// 16 send and 16 receive work requests, one scatter/gather entry each, no inline data,
+    /// every send signalled.
+    #[must_use]
+    pub fn new() -> Self {
+        Self {
+            caps: crate::ffi::cm::QpCaps {
+                max_send_wr: 16,
+                max_recv_wr: 16,
+                max_send_sge: 1,
+                max_recv_sge: 1,
+                max_inline_data: 0,
+                sq_sig_all: true,
+            },
+        }
+    }
+
+    /// `cap.max_send_wr`.
+    #[must_use]
+    pub fn max_send_wr(mut self, n: u32) -> Self {
+        self.caps.max_send_wr = n;
+        self
+    }
+
+    /// `cap.max_recv_wr`.
+    #[must_use]
+    pub fn max_recv_wr(mut self, n: u32) -> Self {
+        self.caps.max_recv_wr = n;
+        self
+    }
+
+    /// `cap.max_send_sge` and `cap.max_recv_sge`.
+    #[must_use]
+    pub fn max_sge(mut self, n: u32) -> Self {
+        self.caps.max_send_sge = n;
+        self.caps.max_recv_sge = n;
+        self
+    }
+
+    /// `cap.max_inline_data`.
+    #[must_use]
+    pub fn max_inline_data(mut self, n: u32) -> Self {
+        self.caps.max_inline_data = n;
+        self
+    }
+
+    /// `sq_sig_all`: whether every send completes with a work completion, asked for or not
+    /// (the owned-buffer posts always ask).
+    #[must_use]
+    pub fn signal_all(mut self, yes: bool) -> Self {
+        self.caps.sq_sig_all = yes;
+        self
+    }
+
+    pub(crate) fn caps(&self) -> crate::ffi::cm::QpCaps {
+        self.caps
+    }
+}
+
+impl From<QpCaps> for QpInit {
+    /// The work queue sizes of `caps`, sends signalled only when asked (as for
+    /// [`Qp::new_rc`](super::Qp::new_rc)).
+    fn from(caps: QpCaps) -> Self {
+        QpInit {
+            caps: crate::ffi::cm::QpCaps {
+                max_send_wr: caps.max_send_wr,
+                max_recv_wr: caps.max_recv_wr,
+                max_send_sge: caps.max_send_sge,
+                max_recv_sge: caps.max_recv_sge,
+                max_inline_data: caps.max_inline_data,
+                sq_sig_all: false,
+            },
+        }
+    }
+}
+
+impl<'ch, S: State> CmId<'ch, S> {
+    /// `rdma_cm_id::verbs`, held open: the device context librdmacm opened for the id, as an
+    /// owned [`Context`] on which to create the [`Pd`], [`CompChannel`](super::CompChannel),
+    /// [`Cq`]s and [`Mr`]s that [`create_qp_with`](Self::create_qp_with) takes.
+    ///
+    /// The handle does not borrow the id: it holds a reference on the device through
+    /// `rdma_get_devices` (given back by `rdma_free_devices` on drop), so the context stays
+    /// open while the id changes state, is migrated or is gone. It is never
+    /// `ibv_close_device`d: librdmacm owns it. Its async event fd is set non-blocking.
+    ///
+    /// # Errors
+    /// [`Error::Io`] with the `rdma_get_devices` error; `ENODEV` when the device is being
+    /// removed.
+    #[doc(alias = "rdma_get_devices")]
+    #[doc(alias = "rdma_free_devices")]
+    pub fn context(&self) -> Result<Context>
+    where
+        S: HasDevice,
+    {
+        let verbs = self.raw.verbs().ok_or_else(|| {
+            Error::io("rdma_get_devices")(io::Error::from_raw_os_error(libc::ENODEV))
+        })?;
+        let raw = ffi::Context::of_cm_device(verbs).map_err(Error::io("rdma_get_devices"))?;
+        Context::from_raw(raw)
+    }
+
+    /// `rdma_create_qp` on the caller's `pd`, completing sends on `send_cq` and receives on
+    /// `recv_cq` (which may be the same CQ), so that completions arrive on the caller's
+    /// [`CompChannel`](super::CompChannel). The QP type follows the port space (RC for TCP
+    /// and IB); librdmacm moves it through INIT, RTR and RTS on `connect`/`accept`. Post on it
+    /// with [`post_send`](Self::post_send) and [`post_recv`](Self::post_recv).
+    ///
+    /// The id borrows `pd` and both CQs for `'ch`, its own lifetime: they cannot be dropped
+    /// while the id (in any later state) lives, and dropping the id destroys the QP
+    /// (`rdma_destroy_qp`) at once, before they can go — even when the destroy of the id itself
+    /// is deferred to an event's ack. While the QP lives, [`migrate`](Self::migrate) is refused
+    /// (`EBUSY`): the migrated id would no longer carry these borrows.
+    ///
+    /// `pd` and the CQs must be of the id's device ([`context`](Self::context)). Bind the id
+    /// *after* them (`let mut id = id;` is enough), so that it is dropped first, also when a
+    /// panic unwinds; the compiler insists.
+    ///
+    /// # Errors
+    /// The OS error: `EINVAL` when the id already has a QP or `pd` is of another device.
+    ///
+    /// # Example
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// use evchan_core::{cm, CmId, EventChannel};
+    /// use evchan_core::verbs::{CompChannel, Cq, Pd, QpInit};
+    ///
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let channel = EventChannel::new()?;
+    /// let t = Duration::from_secs(2);
+    /// // A failed transition gives the id back (`e.id`); here only its error is kept.
+    /// let id = CmId::new(&channel, cm::PortSpace::Tcp)?
+    ///     .resolve_addr(None, ([169, 254, 77, 1], 7471).into(), t)
+    ///     .map_err(|e| e.error)?;
+    /// let id = id.addr_resolved(&channel.get_event()?).map_err(|e| e.error)?;
+    /// let ctx = id.context()?;
+    /// let (pd, comp) = (Pd::new(&ctx)?, CompChannel::new(&ctx)?);
+    /// let cq = Cq::new(&comp, 64)?;
+    /// let id = id.resolve_route(t).map_err(|e| e.error)?;
+    /// // Bound after the PD and CQ it will borrow, so that it is dropped before them.
+    /// let mut id = id.route_resolved(&channel.get_event()?).map_err(|e| e.error)?;
+    /// id.create_qp_with(&pd, &cq, &cq, &QpInit::new())?;
+    /// let rx = id.post_recv(pd.reg_mr(vec![0u8; 64])?, 0..64).map_err(|e| e.source)?;
+    /// let id = id.connect(&cm::ConnParam::new()).map_err(|e| e.error)?;
+    /// let id = id.established(&channel.get_event()?).map_err(|e| e.error)?;
+    /// let tx = id.post_send(pd.reg_mr(b"hello".to_vec())?, 0..5, None).map_err(|e| e.source)?;
+    /// cq.wait(Some(t), |wc| println!("{:?} {}", wc.status(), tx.is_completed_by(&wc)))?;
+    /// # drop((rx, id));
+    /// # Ok(())
+    /// # }
+    /// ```
+    #[doc(alias = "rdma_create_qp")]
+    pub fn create_qp_with(
+        &mut self,
+        pd: &'ch Pd<'_>,
+        send_cq: &'ch Cq<'_>,
+        recv_cq: &'ch Cq<'_>,
+        init: &QpInit,
+    ) -> crate::Result<()>
+    where
+        S: CanCreateQp,
+    {
+        self.raw
+            .create_qp_with(&pd.raw, &send_cq.raw, &recv_cq.raw, init.caps())
+            .map_err(|e| crate::Error::os("rdma_create_qp", e))
+    }
+
+    fn user_qp(&self, call: &'static str) -> Result<ffi::QpPtr<'_>> {
+        self.raw.user_qp().ok_or_else(|| Error::Io {
+            call,
+            source: io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "the id has no QP on the caller's CQs (create it with `create_qp_with`)",
+            ),
+        })
+    }
+
+    /// `ibv_post_send` on the id's QP: a signaled SEND of `mr`'s bytes `range` (with
+    /// immediate data when `imm` is `Some`), as [`Qp::post_send`](super::Qp::post_send). The
+    /// region stays with the returned [`Posted`] until the completion.
+    ///
+    /// # Errors
+    /// [`PostError`], with the region: the id has no QP from
+    /// [`create_qp_with`](Self::create_qp_with), the range is outside the region, or the
+    /// `ibv_post_send` error (`EINVAL` before the connection is established).
+    #[doc(alias = "ibv_post_send")]
+    pub fn post_send<'pd, B: MrBuffer + 'static>(
+        &self,
+        mr: Mr<'pd, B>,
+        range: Range<usize>,
+        imm: Option<u32>,
+    ) -> std::result::Result<Posted<'pd, B>, PostError<'pd, B>> {
+        self.post_send_impl(mr, range, imm, false)
+    }
+
+    /// [`post_send`](Self::post_send) with `IBV_SEND_SOLICITED`.
+    ///
+    /// # Errors
+    /// As [`post_send`](Self::post_send).
+    #[doc(alias = "ibv_post_send")]
+    #[doc(alias = "IBV_SEND_SOLICITED")]
+    pub fn post_send_solicited<'pd, B: MrBuffer + 'static>(
+        &self,
+        mr: Mr<'pd, B>,
+        range: Range<usize>,
+        imm: Option<u32>,
+    ) -> std::result::Result<Posted<'pd, B>, PostError<'pd, B>> {
+        self.post_send_impl(mr, range, imm, true)
+    }
+
+    fn post_send_impl<'pd, B: MrBuffer + 'static>(
+        &self,
+        mr: Mr<'pd, B>,
+        range: Range<usize>,
+        imm: Option<u32>,
+        solicited: bool,
+    ) -> std::result::Result<Posted<'pd, B>, PostError<'pd, B>> {
+        match self.raw.user_qp() {
+            Some(qp) => post_send_on(qp, mr, range, imm, solicited),
+            None => Err(no_qp("ibv_post_send", mr)),
+        }
+    }
+
+    /// `ibv_post_recv` on the id's QP into `mr`'s bytes `range`, as
+    /// [`Qp::post_recv`](super::Qp::post_recv). Receives may be posted before `connect` /
+    /// `accept`, and should be: a SEND that finds no receive waits for RNR retries.
+    ///
+    /// # Errors
+    /// [`PostError`], with the region: no QP from [`create_qp_with`](Self::create_qp_with), a
+    /// range outside the region, or the `ibv_post_recv` error.
+    #[doc(alias = "ibv_post_recv")]
+    pub fn post_recv<'pd, B: MrBuffer + 'static>(
+        &self,
+        mr: Mr<'pd, B>,
+        range: Range<usize>,
+    ) -> std::result::Result<Posted<'pd, B>, PostError<'pd, B>> {
+        match self.raw.user_qp() {
+            Some(qp) => post_recv_on(qp, mr, range),
+            None => Err(no_qp("ibv_post_recv", mr)),
+        }
+    }
+
+    /// `ibv_post_send` of one SEND work request made of `sges` on the id's QP, raw; as
+    /// [`Qp::post_send_raw`](super::Qp::post_send_raw).
+    ///
+    /// # Safety
+    ///
+    /// As [`Qp::post_send_raw`](super::Qp::post_send_raw): every [`Sge`] lies in a region
+    /// registered with the QP's PD under its `lkey`; that memory stays allocated, registered and
+    /// unwritten until the work request has completed (or the id is dropped, which destroys the
+    /// QP); `wr_id` does not have its top bit set.
+    ///
+    /// # Errors
+    /// [`Error::Io`]: no QP from [`create_qp_with`](Self::create_qp_with), or the
+    /// `ibv_post_send` error.
+    #[doc(alias = "ibv_post_send")]
+    // A forwarding `unsafe fn` like `Qp::post_send_raw`: its contract is ffi's.
+    #[allow(unsafe_code)]
+    pub unsafe fn post_send_raw(
+        &self,
+        wr_id: u64,
+        sges: &[Sge],
+        imm: Option<u32>,
+        flags: SendFlags,
+    ) -> Result<()> {
+        let qp = self.user_qp("ibv_post_send")?;
+        // SAFETY: the caller upholds this function's contract, which is ffi's.
+        unsafe { qp.post_send(wr_id, sges, imm, flags) }.map_err(Error::io("ibv_post_send"))
+    }
+
+    /// `ibv_post_recv` of one receive work request into `sges` on the id's QP, raw; as
+    /// [`Qp::post_recv_raw`](super::Qp::post_recv_raw).
+    ///
+    /// # Safety
+    ///
+    /// As [`Qp::post_recv_raw`](super::Qp::post_recv_raw): the memory of every [`Sge`] is
+    /// registered with the QP's PD, and stays allocated, registered and untouched by anyone
+    /// until the work request's completion has been polled or the id dropped; `wr_id` does not
+    /// have its top bit set.
+    ///
+    /// # Errors
+    /// [`Error::Io`]: no QP from [`create_qp_with`](Self::create_qp_with), or the
+    /// `ibv_post_recv` error.
+    #[doc(alias = "ibv_post_recv")]
+    // As for post_send_raw.
+    #[allow(unsafe_code)]
+    pub unsafe fn post_recv_raw(&self, wr_id: u64, sges: &[Sge]) -> Result<()> {
+        let qp = self.user_qp("ibv_post_recv")?;
+        // SAFETY: the caller upholds this function's contract, which is ffi's.
+        unsafe { qp.post_recv(wr_id, sges) }.map_err(Error::io("ibv_post_recv"))
+    }
+}
+
+fn no_qp<'pd, B: MrBuffer>(call: &'static str, mr: Mr<'pd, B>) -> PostError<'pd, B> {
+    PostError {
+        call,
+        source: io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "the id has no QP on the caller's CQs (create it with `create_qp_with`)",
+        ),
+        mr,
+    }
+}

@@ -1,0 +1,267 @@
+//! The completion channel and the wait loop.
+
+use std::fmt;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
+use std::time::{Duration, Instant};
+
+use evchan_sys::fd::poll_readable;
+
+use crate::ffi::verbs as ffi;
+
+use super::{Context, Cq, CqEvent, CqId, Error, Result, WorkCompletion};
+
+/// A completion event channel (`ibv_create_comp_channel` / `ibv_destroy_comp_channel`): the
+/// file descriptor through which armed [`Cq`]s announce completions.
+///
+/// The channel borrows its [`Context`]; every [`Cq`] created on it borrows the channel, so the
+/// channel is destroyed only after all of its CQs, and `ibv_destroy_comp_channel` never fails
+/// with `EBUSY`.
+///
+/// The fd is non-blocking from creation: [`try_get_cq_event`](Self::try_get_cq_event) returns
+/// `Ok(None)` when no event is there, while [`get_cq_event`](Self::get_cq_event) and
+/// [`get_cq_event_timeout`](Self::get_cq_event_timeout) wait with `poll(2)`. It may also be
+/// registered with epoll or an async runtime through [`AsFd`]; after a wake-up, read events
+/// until `Ok(None)`.
+///
+/// The channel is `Send` and `Sync`: several threads may read it (each event goes to one).
+///
+/// # Example
+///
+/// ```no_run
+/// use std::time::Duration;
+/// use evchan_core::verbs::{CompChannel, Context, Cq};
+///
+/// # fn main() -> Result<(), evchan_core::verbs::Error> {
+/// let ctx = Context::open_first()?;
+/// let channel = CompChannel::new(&ctx)?;
+/// let cqs: Vec<Cq<'_>> = (0..4).map(|_| Cq::new(&channel, 64)).collect::<Result<_, _>>()?;
+/// let refs: Vec<&Cq<'_>> = cqs.iter().collect();
+/// // ... post work on QPs of those CQs ...
+/// channel.wait(&refs, Some(Duration::from_secs(1)), |cq_index, wc| {
+///     println!("CQ {cq_index}: wr {} {:?}", wc.wr_id(), wc.status());
+/// })?;
+/// # Ok(())
+/// # }
+/// ```
+///
+/// # References
+///
+/// [`ibv_create_comp_channel(3)`](https://man7.org/linux/man-pages/man3/ibv_create_comp_channel.3.html),
+/// [`ibv_get_cq_event(3)`](https://man7.org/linux/man-pages/man3/ibv_get_cq_event.3.html)
+#[doc(alias = "ibv_comp_channel")]
+#[doc(alias = "ibv_create_comp_channel")]
+#[doc(alias = "ibv_destroy_comp_channel")]
+pub struct CompChannel<'ctx> {
+    pub(super) raw: ffi::CompChannel<'ctx>,
+}
+
+impl<'ctx> CompChannel<'ctx> {
+    /// `ibv_create_comp_channel`, then `O_NONBLOCK` on its fd.
+    ///
+    /// # Errors
+    /// [`Error::Io`] with the `ibv_create_comp_channel` (or `fcntl`) error.
+    #[doc(alias = "ibv_create_comp_channel")]
+    pub fn new(ctx: &'ctx Context) -> Result<Self> {
+        Ok(CompChannel {
+            raw: ffi::CompChannel::new(&ctx.raw).map_err(Error::io("ibv_create_comp_channel"))?,
+        })
+    }
+
+    /// `ibv_get_cq_event`, non-blocking: the next event, routed to the CQ of `cqs` it is for,
+    /// or `Ok(None)` when there is none (`EAGAIN`).
+    ///
+    /// # Errors
+    /// [`Error::UnlistedCq`] when the event is for a CQ that is not in `cqs` (the event is then
+    /// acked already); [`Error::Io`] with the `ibv_get_cq_event` error.
+    #[doc(alias = "ibv_get_cq_event")]
+    pub fn try_get_cq_event<'cq>(&self, cqs: &[&'cq Cq<'_>]) -> Result<Option<CqEvent<'cq>>> {
+        let Some(ack) = self
+            .raw
+            .get_cq_event()
+            .map_err(Error::io("ibv_get_cq_event"))?
+        else {
+            return Ok(None);
+        };
+        match cqs.iter().position(|cq| cq.raw.token() == ack.token()) {
+            Some(i) => Ok(Some(CqEvent::new(cqs[i], i, ack))),
+            None => {
+                let id = CqId(ack.token());
+                drop(ack); // acks it
+                Err(Error::UnlistedCq(id))
+            }
+        }
+    }
+
+    /// `ibv_get_cq_event`, blocking until an event arrives (see
+    /// [`try_get_cq_event`](Self::try_get_cq_event)). `EINTR` is retried.
+    ///
+    /// # Errors
+    /// As [`try_get_cq_event`](Self::try_get_cq_event), plus [`Error::Io`] from `poll`.
+    #[doc(alias = "ibv_get_cq_event")]
+    pub fn get_cq_event<'cq>(&self, cqs: &[&'cq Cq<'_>]) -> Result<CqEvent<'cq>> {
+        loop {
+            if let Some(ev) = self.try_get_cq_event(cqs)? {
+                return Ok(ev);
+            }
+            poll_readable(self.fd(), None).map_err(Error::io("poll"))?;
+        }
+    }
+
+    /// `ibv_get_cq_event`, waiting at most `timeout`: `Ok(None)` when it expires.
+    ///
+    /// # Errors
+    /// As [`get_cq_event`](Self::get_cq_event).
+    #[doc(alias = "ibv_get_cq_event")]
+    pub fn get_cq_event_timeout<'cq>(
+        &self,
+        cqs: &[&'cq Cq<'_>],
+        timeout: Duration,
+    ) -> Result<Option<CqEvent<'cq>>> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(ev) = self.try_get_cq_event(cqs)? {
+                return Ok(Some(ev));
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if !poll_readable(self.fd(), Some(left)).map_err(Error::io("poll"))? {
+                return Ok(None);
+            }
+        }
+    }
+
+    /// The event-driven wait loop, done right, for the CQs `cqs` of this channel.
+    ///
+    /// Calls `on_wc(index_in_cqs, completion)` for every completion found, and returns their
+    /// number once there is at least one, or `Ok(0)` when `timeout` (`None`: forever) expires.
+    ///
+    /// The loop, which loses no completion and never sleeps on one that is already there:
+    /// 1. poll every CQ until it is empty (at most one CQ's capacity per call); return if
+    ///    anything was found;
+    /// 2. arm every CQ (`ibv_req_notify_cq`);
+    /// 3. poll every CQ again: a completion that arrived before the arm took effect raises no
+    ///    event, so it is picked up here; return if anything was found;
+    /// 4. wait for the channel's fd to become readable;
+    /// 5. read every event until `EAGAIN`, counting each one's ack into its CQ's batch
+    ///    (events of CQs not in `cqs` are acked at once);
+    /// 6. go to 1.
+    ///
+    /// Pass every CQ of the channel, and wait on one channel from one place at a time: an event
+    /// read here for a CQ not in `cqs` is acked and gone, so a thread waiting for that CQ
+    /// elsewhere would not be woken by it. CQs waited for by different threads belong on
+    /// different channels (which is what several channels per context are for).
+    ///
+    /// # Errors
+    /// [`Error::Io`] from `ibv_poll_cq`, `ibv_req_notify_cq`, `ibv_get_cq_event` or `poll`.
+    pub fn wait(
+        &self,
+        cqs: &[&Cq<'_>],
+        timeout: Option<Duration>,
+        mut on_wc: impl FnMut(usize, WorkCompletion),
+    ) -> Result<usize> {
+        let deadline = timeout.map(|t| Instant::now() + t);
+        let mut buf = [ffi::RawWc::default(); ffi::POLL_BATCH];
+        loop {
+            let n = drain(cqs, &mut buf, &mut on_wc)?;
+            if n > 0 {
+                return Ok(n);
+            }
+            for cq in cqs {
+                cq.req_notify(false)?;
+            }
+            let n = drain(cqs, &mut buf, &mut on_wc)?;
+            if n > 0 {
+                return Ok(n);
+            }
+            let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
+            if !poll_readable(self.fd(), left).map_err(Error::io("poll"))? {
+                return Ok(0);
+            }
+            while let Some(ack) = self
+                .raw
+                .get_cq_event()
+                .map_err(Error::io("ibv_get_cq_event"))?
+            {
+                if let Some(cq) = cqs.iter().find(|cq| cq.raw.token() == ack.token()) {
+                    // Counted into the CQ's batch; a mismatch cannot happen (same token), and
+                    // would ack at once.
+                    let _ = ack.defer(&cq.raw);
+                }
+                // else: dropped, which acks it at once.
+            }
+        }
+    }
+
+    /// `ibv_destroy_comp_channel`, reporting its result (dropping the channel does the same
+    /// and ignores it).
+    ///
+    /// Every CQ on the channel borrows it, so none is alive here and the C call's `EBUSY`
+    /// ("CQs still attached") cannot happen.
+    ///
+    /// # Errors
+    /// [`Error::Io`] with the `ibv_destroy_comp_channel` error.
+    #[doc(alias = "ibv_destroy_comp_channel")]
+    pub fn destroy(self) -> Result<()> {
+        self.raw
+            .destroy()
+            .map_err(Error::io("ibv_destroy_comp_channel"))
+    }
+
+    /// How many completion events have been read from this channel so far (a diagnostic: in
+    /// [`wait`](Self::wait), the number of times it had to sleep is about this).
+    #[must_use]
+    pub fn events_read(&self) -> u64 {
+        self.raw.events_read()
+    }
+
+    /// The channel's file descriptor (`ibv_comp_channel::fd`), non-blocking.
+    #[must_use]
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        self.raw.fd()
+    }
+}
+
+/// Polls every CQ until empty; returns how many completions were handed to `on_wc`.
+fn drain(
+    cqs: &[&Cq<'_>],
+    buf: &mut [ffi::RawWc; ffi::POLL_BATCH],
+    on_wc: &mut impl FnMut(usize, WorkCompletion),
+) -> Result<usize> {
+    let mut total = 0;
+    for (i, cq) in cqs.iter().enumerate() {
+        // At most one CQ's worth per call, so a busy CQ cannot starve the caller (or the other
+        // CQs); what is left is found by the next poll, before any sleep.
+        let mut budget = cq.capacity() as usize + buf.len();
+        while budget > 0 {
+            let n = cq.raw.poll(buf).map_err(Error::io("ibv_poll_cq"))?;
+            for &raw in &buf[..n] {
+                on_wc(i, WorkCompletion { raw });
+            }
+            total += n;
+            budget = budget.saturating_sub(buf.len());
+            if n < buf.len() {
+                break;
+            }
+        }
+    }
+    Ok(total)
+}
+
+impl AsFd for CompChannel<'_> {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.raw.fd()
+    }
+}
+
+impl AsRawFd for CompChannel<'_> {
+    fn as_raw_fd(&self) -> RawFd {
+        self.raw.fd().as_raw_fd()
+    }
+}
+
+impl fmt::Debug for CompChannel<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CompChannel")
+            .field("fd", &self.as_raw_fd())
+            .finish()
+    }
+}
