@@ -34,11 +34,13 @@ use crate::ffi::cm::RawChannel;
 /// with `poll`/`epoll`; readiness is edge-like in practice, so after a wake-up read until
 /// `Ok(None)`.
 ///
+/// The descriptor is always `O_NONBLOCK`: no read ever waits inside `rdma_get_cm_event`; the
+/// waiting reads wait in `poll`. (librdmacm modifies an id's QP inside that call, so an id's
+/// drop on another thread waits for the readers inside it; that wait must be short.)
+///
 /// The channel is `Send` and `Sync`: several threads may read one channel, each event going to
-/// exactly one of them. With several readers, put the channel in non-blocking mode
-/// ([`set_nonblocking`](Self::set_nonblocking)): in blocking mode `try_get_event` and
-/// `get_event_timeout` poll before they read, and another reader may take the event in between,
-/// so the read would wait for the next one. The events of one id arrive in order, but two
+/// exactly one of them; a reader that loses an event to another reads `Ok(None)` or waits on.
+/// The events of one id arrive in order, but two
 /// readers may handle two of them at once (an `ESTABLISHED` and the `DISCONNECTED` right after
 /// it): either send each id's events to one thread, or let a handler wait until the id has
 /// reached the state the previous event leads to (see [`cm::AnyId`](crate::cm::AnyId)).
@@ -76,7 +78,7 @@ impl fmt::Debug for EventChannel {
 }
 
 impl EventChannel {
-    /// `rdma_create_event_channel`: opens a channel, in blocking mode.
+    /// `rdma_create_event_channel`: opens a channel (its descriptor `O_NONBLOCK`).
     ///
     /// # Errors
     /// [`Error::NoDevice`] when the machine has no RDMA device (`ENODEV`); its message says how
@@ -101,12 +103,14 @@ impl EventChannel {
         &self.raw
     }
 
-    /// Sets or clears `O_NONBLOCK` on the channel's descriptor (`fcntl(F_SETFL)`).
+    /// Records the mode the caller chose ([`is_nonblocking`](Self::is_nonblocking)). The reads
+    /// behave the same in both modes, and the descriptor stays `O_NONBLOCK` either way (see
+    /// the type's docs): clearing the flag would let a reader wait inside `rdma_get_cm_event`,
+    /// and an id's drop with it.
     ///
     /// # Errors
-    /// The `fcntl` error.
+    /// None any more; kept for the signature.
     pub fn set_nonblocking(&self, nonblocking: bool) -> Result<()> {
-        sysfd::set_nonblocking(self.as_fd(), nonblocking).map_err(|e| Error::os("fcntl", e))?;
         self.nonblocking.store(nonblocking, Ordering::Release);
         Ok(())
     }
@@ -130,9 +134,7 @@ impl EventChannel {
         sysfd::poll_readable(self.as_fd(), timeout).map_err(|e| Error::os("poll", e))
     }
 
-    /// `rdma_get_cm_event`: waits for the next event.
-    ///
-    /// In non-blocking mode it polls the descriptor between reads, so it waits in either mode.
+    /// `rdma_get_cm_event`: waits (in `poll`) for the next event.
     ///
     /// # Errors
     /// The OS error of the read.
@@ -152,9 +154,6 @@ impl EventChannel {
     /// The OS error of the read.
     #[doc(alias = "rdma_get_cm_event")]
     pub fn try_get_event(&self) -> Result<Option<Event<'_>>> {
-        if !self.is_nonblocking() && !self.poll(Some(Duration::ZERO))? {
-            return Ok(None);
-        }
         self.read()
     }
 

@@ -2,7 +2,7 @@
 //! QP (`CONNECT_RESPONSE`, then `rdma_establish`), and UD service ID resolution (SIDR) for UDP
 //! ids.
 
-use super::param::{check_private_data, ConnParam};
+use super::param::ConnParam;
 use super::state::{Connected, Connecting, Datagram, Requested};
 use super::{Event, EventKind, Id, PortSpace, Transition, UdInfo};
 use crate::error::{Error, Message};
@@ -29,10 +29,7 @@ impl<'ch> Id<'ch, Connecting> {
         if let Err(e) = self.expect_event(event, EventKind::ConnectResponse) {
             return Err(self.fail(e));
         }
-        match self.raw.establish() {
-            Ok(()) => Ok(self.into_state()),
-            Err(e) => Err(self.fail(Error::os("rdma_establish", e))),
-        }
+        self.run("rdma_establish", crate::ffi::cm::Id::establish)
     }
 
     /// Completes the connect of a UDP id (a SIDR request) with its `ESTABLISHED` event, and
@@ -95,12 +92,8 @@ impl<'ch> Id<'ch, Requested> {
                 hint: "a connection request is accepted with `accept`",
             }));
         }
-        if let Err(e) = check_private_data(port_space, Message::Accept, param.data()) {
-            return Err(self.fail(e.into()));
-        }
-        match self.raw.accept(param.to_raw()) {
-            Ok(()) => Ok(self.into_state()),
-            Err(e) => Err(self.fail(Error::os("rdma_accept", e))),
-        }
+        self.send(Message::Accept, param.data(), "rdma_accept", |raw| {
+            raw.accept(param.to_raw())
+        })
     }
 }

@@ -1,6 +1,7 @@
 //! The typestate id.
 
 use std::fmt;
+use std::io;
 use std::marker::PhantomData;
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -153,10 +154,7 @@ impl<'ch> Id<'ch, Idle> {
     /// The OS error (e.g. `EADDRINUSE`, `EADDRNOTAVAIL`), with the id back.
     #[doc(alias = "rdma_bind_addr")]
     pub fn bind(self, addr: SocketAddr) -> Transition<'ch, Idle, Id<'ch, Bound>> {
-        match self.raw.bind(addr) {
-            Ok(()) => Ok(self.into_state()),
-            Err(e) => Err(self.fail(Error::os("rdma_bind_addr", e))),
-        }
+        self.run("rdma_bind_addr", |raw| raw.bind(addr))
     }
 }
 
@@ -177,6 +175,34 @@ impl<'ch, S: State> Id<'ch, S> {
 
     pub(super) fn fail(self, error: Error) -> TransitionError<Self> {
         TransitionError { id: self, error }
+    }
+
+    /// The transition made by the C call `call` (`f` on the raw id): the id in state `T` when
+    /// it succeeds, else back in its state with the OS error.
+    pub(super) fn run<T: State>(
+        self,
+        call: &'static str,
+        f: impl FnOnce(&RawId<'ch>) -> io::Result<()>,
+    ) -> Transition<'ch, S, Id<'ch, T>> {
+        match f(&self.raw) {
+            Ok(()) => Ok(self.into_state()),
+            Err(e) => Err(self.fail(Error::os(call, e))),
+        }
+    }
+
+    /// [`run`](Self::run) of a call that sends `data` as the private data of `message`: the
+    /// length is checked against the port space's limit first.
+    pub(super) fn send<T: State>(
+        self,
+        message: Message,
+        data: &[u8],
+        call: &'static str,
+        f: impl FnOnce(&RawId<'ch>) -> io::Result<()>,
+    ) -> Transition<'ch, S, Id<'ch, T>> {
+        match check_private_data(self.port_space(), message, data) {
+            Ok(()) => self.run(call, f),
+            Err(e) => Err(self.fail(e.into())),
+        }
     }
 
     /// The key that names this id in its events ([`Event::id`]).
@@ -259,10 +285,9 @@ impl<'ch, S: State> Id<'ch, S> {
     where
         S: CanResolveAddr,
     {
-        match self.raw.resolve_addr(src, dst, timeout) {
-            Ok(()) => Ok(self.into_state()),
-            Err(e) => Err(self.fail(Error::os("rdma_resolve_addr", e))),
-        }
+        self.run("rdma_resolve_addr", |raw| {
+            raw.resolve_addr(src, dst, timeout)
+        })
     }
 
     /// `rdma_listen`: listens for connection requests (binding to any address first if the id is
@@ -281,10 +306,7 @@ impl<'ch, S: State> Id<'ch, S> {
     where
         S: CanListen,
     {
-        match self.raw.listen(backlog) {
-            Ok(()) => Ok(self.into_state()),
-            Err(e) => Err(self.fail(Error::os("rdma_listen", e))),
-        }
+        self.run("rdma_listen", |raw| raw.listen(backlog))
     }
 
     /// `rdma_cm_id::verbs`: the device context of the id.
@@ -363,13 +385,9 @@ impl<'ch, S: State> Id<'ch, S> {
     where
         S: CanConnect,
     {
-        if let Err(e) = check_private_data(self.port_space(), Message::Connect, param.data()) {
-            return Err(self.fail(e.into()));
-        }
-        match self.raw.connect(param.to_raw()) {
-            Ok(()) => Ok(self.into_state()),
-            Err(e) => Err(self.fail(Error::os("rdma_connect", e))),
-        }
+        self.send(Message::Connect, param.data(), "rdma_connect", |raw| {
+            raw.connect(param.to_raw())
+        })
     }
 
     /// `rdma_accept`: accepts the connection request with `param`; completes with `ESTABLISHED`,
@@ -393,13 +411,9 @@ impl<'ch, S: State> Id<'ch, S> {
                 hint: "a UDP request is answered with `accept_datagram`, which no event completes",
             }));
         }
-        if let Err(e) = check_private_data(self.port_space(), Message::Accept, param.data()) {
-            return Err(self.fail(e.into()));
-        }
-        match self.raw.accept(param.to_raw()) {
-            Ok(()) => Ok(self.into_state()),
-            Err(e) => Err(self.fail(Error::os("rdma_accept", e))),
-        }
+        self.send(Message::Accept, param.data(), "rdma_accept", |raw| {
+            raw.accept(param.to_raw())
+        })
     }
 
     /// `rdma_reject`: rejects the connection request, sending `private_data` (the peer gets
@@ -412,13 +426,10 @@ impl<'ch, S: State> Id<'ch, S> {
     where
         S: CanAccept,
     {
-        if let Err(e) = check_private_data(self.port_space(), Message::Reject, private_data) {
-            return Err(self.fail(e.into()));
-        }
-        match self.raw.reject(private_data) {
-            Ok(()) => Ok(()),
-            Err(e) => Err(self.fail(Error::os("rdma_reject", e))),
-        }
+        self.send::<S>(Message::Reject, private_data, "rdma_reject", |raw| {
+            raw.reject(private_data)
+        })
+        .map(drop)
     }
 
     /// `rdma_disconnect`: tears the connection down; both sides get `DISCONNECTED` (and later
@@ -431,10 +442,7 @@ impl<'ch, S: State> Id<'ch, S> {
     where
         S: CanDisconnect,
     {
-        match self.raw.disconnect() {
-            Ok(()) => Ok(self.into_state()),
-            Err(e) => Err(self.fail(Error::os("rdma_disconnect", e))),
-        }
+        self.run("rdma_disconnect", RawId::disconnect)
     }
 
     /// Checks that `event` is `expected` for this id, else says why not.
@@ -489,10 +497,7 @@ impl<'ch> Id<'ch, AddrResolved> {
         self,
         timeout: Duration,
     ) -> Transition<'ch, AddrResolved, Id<'ch, ResolvingRoute>> {
-        match self.raw.resolve_route(timeout) {
-            Ok(()) => Ok(self.into_state()),
-            Err(e) => Err(self.fail(Error::os("rdma_resolve_route", e))),
-        }
+        self.run("rdma_resolve_route", |raw| raw.resolve_route(timeout))
     }
 }
 

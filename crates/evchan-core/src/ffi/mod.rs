@@ -18,7 +18,10 @@
 //!   event already read for the id is acked; the record defers the destroy to the last ack and
 //!   refuses a migrate while events are pending, so neither can hang the thread that holds the
 //!   event. The id also owns its QP (`rdma_create_qp`); a QP on the caller's PD and CQs is
-//!   destroyed when the owner goes, never later (see [`cm::Id::create_qp_with`]).
+//!   destroyed when the owner goes, never later (see [`cm::Id::create_qp_with`]). Every
+//!   destroy (and migrate) first waits, on the channel's gate, for the readers that are inside
+//!   `rdma_get_cm_event`, where librdmacm may be modifying the id's QP for an event not yet
+//!   counted (see [`cm`], "Readers and destroys").
 //! - [`cm::RawEvent`] owns one `rdma_cm_event` until `rdma_ack_cm_event`, and with it the private
 //!   data the event points into.
 //! - [`verbs`]: the device context (opened here, or librdmacm's held by a device reference),

@@ -179,7 +179,9 @@ kinds! {
 }
 
 impl Context {
-    /// `ibv_get_async_event`, non-blocking: the next async event, or `Ok(None)` (`EAGAIN`).
+    /// `ibv_get_async_event`, non-blocking: the next async event, or `Ok(None)` when none is
+    /// ready (`EAGAIN` on a context opened here; on an rdma_cm id's shared context, whose fd
+    /// stays blocking, a zero-timeout `poll` first — see [`CmId::context`](crate::CmId::context)).
     ///
     /// # Errors
     /// [`Error::Io`] with the `ibv_get_async_event` error.

@@ -16,7 +16,7 @@ use crate::cm::state::{CanCreateQp, HasDevice, State};
 use crate::ffi::verbs as ffi;
 use crate::CmId;
 
-use super::qp::{post_recv_on, post_send_on};
+use super::qp::{no_qp, post_recv_on, post_send_on};
 use super::{
     Context, Cq, Error, Mr, MrBuffer, Pd, PostError, Posted, QpCaps, Result, SendFlags, Sge,
 };
@@ -108,7 +108,7 @@ impl fmt::Debug for PdRef<'_> {
 #[doc(alias = "ibv_qp_init_attr")]
 #[derive(Debug, Clone, Copy)]
 pub struct QpInit {
-    caps: crate::ffi::cm::QpCaps,
+    caps: ffi::QpCaps,
 }
 
 impl Default for QpInit {
@@ -123,7 +123,7 @@ impl QpInit {
     #[must_use]
     pub fn new() -> Self {
         Self {
-            caps: crate::ffi::cm::QpCaps {
+            caps: ffi::QpCaps {
                 max_send_wr: 16,
                 max_recv_wr: 16,
                 max_send_sge: 1,
@@ -171,7 +171,7 @@ impl QpInit {
         self
     }
 
-    pub(crate) fn caps(&self) -> crate::ffi::cm::QpCaps {
+    pub(crate) fn caps(&self) -> ffi::QpCaps {
         self.caps
     }
 }
@@ -181,7 +181,7 @@ impl From<QpCaps> for QpInit {
     /// [`Qp::new_rc`](super::Qp::new_rc)).
     fn from(caps: QpCaps) -> Self {
         QpInit {
-            caps: crate::ffi::cm::QpCaps {
+            caps: ffi::QpCaps {
                 max_send_wr: caps.max_send_wr,
                 max_recv_wr: caps.max_recv_wr,
                 max_send_sge: caps.max_send_sge,
@@ -201,7 +201,12 @@ impl<'ch, S: State> CmId<'ch, S> {
     /// The handle does not borrow the id: it holds a reference on the device through
     /// `rdma_get_devices` (given back by `rdma_free_devices` on drop), so the context stays
     /// open while the id changes state, is migrated or is gone. It is never
-    /// `ibv_close_device`d: librdmacm owns it. Its async event fd is set non-blocking.
+    /// `ibv_close_device`d: librdmacm owns it. Its async event fd is shared with anything else
+    /// in the process that uses the device, so its flags are left alone (no `O_NONBLOCK`):
+    /// [`Context::try_get_async_event`] polls it with a zero timeout before it reads, and
+    /// evchan's readers of such contexts take turns, so none of them waits in the read for an
+    /// event another one took. (A reader outside evchan taking the event between the poll and
+    /// the read would make the read wait for the next event.)
     ///
     /// # Errors
     /// [`Error::Io`] with the `rdma_get_devices` error; `ENODEV` when the device is being
@@ -286,13 +291,7 @@ impl<'ch, S: State> CmId<'ch, S> {
     }
 
     fn user_qp(&self, call: &'static str) -> Result<ffi::QpPtr<'_>> {
-        self.raw.user_qp().ok_or_else(|| Error::Io {
-            call,
-            source: io::Error::new(
-                io::ErrorKind::InvalidInput,
-                "the id has no QP on the caller's CQs (create it with `create_qp_with`)",
-            ),
-        })
+        self.raw.user_qp().ok_or_else(|| Error::io(call)(no_qp()))
     }
 
     /// `ibv_post_send` on the id's QP: a signaled SEND of `mr`'s bytes `range` (with
@@ -310,7 +309,7 @@ impl<'ch, S: State> CmId<'ch, S> {
         range: Range<usize>,
         imm: Option<u32>,
     ) -> std::result::Result<Posted<'pd, B>, PostError<'pd, B>> {
-        self.post_send_impl(mr, range, imm, false)
+        post_send_on(self.raw.user_qp(), mr, range, imm, false)
     }
 
     /// [`post_send`](Self::post_send) with `IBV_SEND_SOLICITED`.
@@ -325,20 +324,7 @@ impl<'ch, S: State> CmId<'ch, S> {
         range: Range<usize>,
         imm: Option<u32>,
     ) -> std::result::Result<Posted<'pd, B>, PostError<'pd, B>> {
-        self.post_send_impl(mr, range, imm, true)
-    }
-
-    fn post_send_impl<'pd, B: MrBuffer + 'static>(
-        &self,
-        mr: Mr<'pd, B>,
-        range: Range<usize>,
-        imm: Option<u32>,
-        solicited: bool,
-    ) -> std::result::Result<Posted<'pd, B>, PostError<'pd, B>> {
-        match self.raw.user_qp() {
-            Some(qp) => post_send_on(qp, mr, range, imm, solicited),
-            None => Err(no_qp("ibv_post_send", mr)),
-        }
+        post_send_on(self.raw.user_qp(), mr, range, imm, true)
     }
 
     /// `ibv_post_recv` on the id's QP into `mr`'s bytes `range`, as
@@ -354,10 +340,7 @@ impl<'ch, S: State> CmId<'ch, S> {
         mr: Mr<'pd, B>,
         range: Range<usize>,
     ) -> std::result::Result<Posted<'pd, B>, PostError<'pd, B>> {
-        match self.raw.user_qp() {
-            Some(qp) => post_recv_on(qp, mr, range),
-            None => Err(no_qp("ibv_post_recv", mr)),
-        }
+        post_recv_on(self.raw.user_qp(), mr, range)
     }
 
     /// `ibv_post_send` of one SEND work request made of `sges` on the id's QP, raw; as
@@ -408,16 +391,5 @@ impl<'ch, S: State> CmId<'ch, S> {
         let qp = self.user_qp("ibv_post_recv")?;
         // SAFETY: the caller upholds this function's contract, which is ffi's.
         unsafe { qp.post_recv(wr_id, sges) }.map_err(Error::io("ibv_post_recv"))
-    }
-}
-
-fn no_qp<'pd, B: MrBuffer>(call: &'static str, mr: Mr<'pd, B>) -> PostError<'pd, B> {
-    PostError {
-        call,
-        source: io::Error::new(
-            io::ErrorKind::InvalidInput,
-            "the id has no QP on the caller's CQs (create it with `create_qp_with`)",
-        ),
-        mr,
     }
 }

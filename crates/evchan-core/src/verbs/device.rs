@@ -116,7 +116,10 @@ impl Device<'_> {
 /// An open RDMA device (`struct ibv_context`): the parent of every other verbs object, and the
 /// source of async device events.
 ///
-/// Its async event fd ([`AsFd`]) is non-blocking; see [`Context::get_async_event`].
+/// The async event fd ([`AsFd`]) of a context opened here is non-blocking; that of an rdma_cm
+/// id's context ([`CmId::context`](crate::CmId::context)), shared with the rest of the process,
+/// keeps its flags. Either way [`Context::try_get_async_event`] never waits for an event; see
+/// [`Context::get_async_event`].
 ///
 /// # Example
 ///
@@ -149,8 +152,14 @@ pub struct Context {
 }
 
 impl Context {
+    /// The safe handle of `raw`; the async event fd of a context we opened is set
+    /// `O_NONBLOCK`. librdmacm's context (from [`CmId::context`](crate::CmId::context)) is
+    /// shared with the rest of the process: its fd is left as it is, and non-blocking reads of
+    /// it poll first (see [`Context::try_get_async_event`]).
     pub(super) fn from_raw(raw: ffi::Context) -> Result<Self> {
-        evchan_sys::fd::set_nonblocking(raw.async_fd(), true).map_err(Error::io("fcntl"))?;
+        if raw.is_own() {
+            evchan_sys::fd::set_nonblocking(raw.async_fd(), true).map_err(Error::io("fcntl"))?;
+        }
         Ok(Context { raw })
     }
 
@@ -261,7 +270,8 @@ impl Context {
             .collect())
     }
 
-    /// The context's async event fd (`ibv_context::async_fd`), non-blocking.
+    /// The context's async event fd (`ibv_context::async_fd`): non-blocking for a context opened
+    /// here, as librdmacm left it for an rdma_cm id's.
     #[must_use]
     pub fn async_fd(&self) -> BorrowedFd<'_> {
         self.raw.async_fd()

@@ -1,12 +1,14 @@
 //! Queue pairs and posting work requests.
 
 use std::fmt;
+use std::io;
 use std::ops::Range;
 
 use crate::ffi::verbs as ffi;
 
 use super::{
-    Cq, Error, Gid, Mr, MrBuffer, Mtu, Pd, PostError, Result, SendFlags, Sge, WorkCompletion,
+    Cq, Error, Gid, Mr, MrBuffer, Mtu, Pd, PostError, QpInit, Result, SendFlags, Sge,
+    WorkCompletion,
 };
 
 /// `IBV_QPT_RC`
@@ -229,17 +231,10 @@ impl<'res> Qp<'res> {
         recv_cq: &'res Cq<'_>,
         caps: QpCaps,
     ) -> Result<Self> {
-        let init = ffi::QpInit {
-            qp_type: QPT_RC,
-            max_send_wr: caps.max_send_wr,
-            max_recv_wr: caps.max_recv_wr,
-            max_send_sge: caps.max_send_sge,
-            max_recv_sge: caps.max_recv_sge,
-            max_inline_data: caps.max_inline_data,
-            sq_sig_all: false,
-        };
+        // The same capacities an rdma_cm id's QP gets from these caps.
+        let caps = QpInit::from(caps).caps();
         Ok(Qp {
-            raw: ffi::Qp::new(&pd.raw, &send_cq.raw, &recv_cq.raw, init)
+            raw: ffi::Qp::new(&pd.raw, &send_cq.raw, &recv_cq.raw, QPT_RC, caps)
                 .map_err(Error::io("ibv_create_qp"))?,
         })
     }
@@ -363,7 +358,7 @@ impl<'res> Qp<'res> {
         range: Range<usize>,
         imm: Option<u32>,
     ) -> std::result::Result<Posted<'pd, B>, PostError<'pd, B>> {
-        self.post_send_impl(mr, range, imm, false)
+        post_send_on(Some(self.raw.ptr()), mr, range, imm, false)
     }
 
     /// [`post_send`](Self::post_send) with `IBV_SEND_SOLICITED`: wakes a receiver whose CQ is
@@ -379,17 +374,7 @@ impl<'res> Qp<'res> {
         range: Range<usize>,
         imm: Option<u32>,
     ) -> std::result::Result<Posted<'pd, B>, PostError<'pd, B>> {
-        self.post_send_impl(mr, range, imm, true)
-    }
-
-    fn post_send_impl<'pd, B: MrBuffer + 'static>(
-        &self,
-        mr: Mr<'pd, B>,
-        range: Range<usize>,
-        imm: Option<u32>,
-        solicited: bool,
-    ) -> std::result::Result<Posted<'pd, B>, PostError<'pd, B>> {
-        post_send_on(self.raw.ptr(), mr, range, imm, solicited)
+        post_send_on(Some(self.raw.ptr()), mr, range, imm, true)
     }
 
     /// `ibv_post_recv` into `mr`'s bytes `range`. The region stays with the returned
@@ -404,7 +389,7 @@ impl<'res> Qp<'res> {
         mr: Mr<'pd, B>,
         range: Range<usize>,
     ) -> std::result::Result<Posted<'pd, B>, PostError<'pd, B>> {
-        post_recv_on(self.raw.ptr(), mr, range)
+        post_recv_on(Some(self.raw.ptr()), mr, range)
     }
 
     /// `ibv_post_send` of one SEND work request made of `sges`, raw (with immediate data
@@ -459,36 +444,60 @@ impl<'res> Qp<'res> {
     }
 }
 
-/// The safe owned-buffer send on any QP (ours or an rdma_cm id's).
+/// The safe owned-buffer send behind [`Qp::post_send`] and
+/// [`CmId::post_send`](crate::CmId::post_send) (and their `_solicited` forms); `qp` is `None`
+/// for an id without a QP from `create_qp_with`.
 pub(super) fn post_send_on<'pd, B: MrBuffer + 'static>(
-    qp: ffi::QpPtr<'_>,
+    qp: Option<ffi::QpPtr<'_>>,
     mr: Mr<'pd, B>,
     range: Range<usize>,
     imm: Option<u32>,
     solicited: bool,
 ) -> std::result::Result<Posted<'pd, B>, PostError<'pd, B>> {
-    qp.post_send_owned(mr.raw, range, imm, solicited)
+    post_owned("ibv_post_send", qp, mr, |qp, mr| {
+        qp.post_send_owned(mr, range, imm, solicited)
+    })
+}
+
+/// The safe owned-buffer receive behind [`Qp::post_recv`] and
+/// [`CmId::post_recv`](crate::CmId::post_recv); `qp` as for [`post_send_on`].
+pub(super) fn post_recv_on<'pd, B: MrBuffer + 'static>(
+    qp: Option<ffi::QpPtr<'_>>,
+    mr: Mr<'pd, B>,
+    range: Range<usize>,
+) -> std::result::Result<Posted<'pd, B>, PostError<'pd, B>> {
+    post_owned("ibv_post_recv", qp, mr, |qp, mr| {
+        qp.post_recv_owned(mr, range)
+    })
+}
+
+type RawPost<'pd, B> = std::result::Result<ffi::Posted<'pd, B>, (io::Error, ffi::Mr<'pd, B>)>;
+
+fn post_owned<'q, 'pd, B: MrBuffer + 'static>(
+    call: &'static str,
+    qp: Option<ffi::QpPtr<'q>>,
+    mr: Mr<'pd, B>,
+    post: impl FnOnce(ffi::QpPtr<'q>, ffi::Mr<'pd, B>) -> RawPost<'pd, B>,
+) -> std::result::Result<Posted<'pd, B>, PostError<'pd, B>> {
+    let result = match qp {
+        Some(qp) => post(qp, mr.raw),
+        None => Err((no_qp(), mr.raw)),
+    };
+    result
         .map(|raw| Posted { raw })
         .map_err(|(source, raw)| PostError {
-            call: "ibv_post_send",
+            call,
             source,
             mr: Mr { raw },
         })
 }
 
-/// The safe owned-buffer receive on any QP (ours or an rdma_cm id's).
-pub(super) fn post_recv_on<'pd, B: MrBuffer + 'static>(
-    qp: ffi::QpPtr<'_>,
-    mr: Mr<'pd, B>,
-    range: Range<usize>,
-) -> std::result::Result<Posted<'pd, B>, PostError<'pd, B>> {
-    qp.post_recv_owned(mr.raw, range)
-        .map(|raw| Posted { raw })
-        .map_err(|(source, raw)| PostError {
-            call: "ibv_post_recv",
-            source,
-            mr: Mr { raw },
-        })
+/// The error of a post on an rdma_cm id without a QP of the caller's.
+pub(super) fn no_qp() -> io::Error {
+    io::Error::new(
+        io::ErrorKind::InvalidInput,
+        "the id has no QP on the caller's CQs (create it with `create_qp_with`)",
+    )
 }
 
 impl fmt::Debug for Qp<'_> {

@@ -8,7 +8,7 @@ use evchan_sys as sys;
 
 use super::code;
 use super::id::{record_of, ConnParamRaw, Id, IdInner};
-use super::RawChannel;
+use super::{Gate, RawChannel};
 use crate::cm::{AhAttr, GlobalRoute, UdInfo};
 
 /// One event read from a channel, owned until `rdma_ack_cm_event`.
@@ -42,9 +42,9 @@ impl<'ch> RawEvent<'ch> {
     ///
     /// # Safety
     ///
-    /// `ptr` is an event just returned by `rdma_get_cm_event` on a channel that lives for `'ch`,
-    /// not acked, and owned by no one else.
-    pub(super) unsafe fn adopt(ptr: NonNull<sys::rdma_cm_event>) -> Self {
+    /// `ptr` is an event just returned by `rdma_get_cm_event` on a channel that lives for `'ch`
+    /// and whose gate is `gate`, not acked, and owned by no one else.
+    pub(super) unsafe fn adopt(ptr: NonNull<sys::rdma_cm_event>, gate: &Gate) -> Self {
         // SAFETY: a valid event (caller).
         let ev = unsafe { ptr.as_ref() };
         let is_request = ev.event == code::CONNECT_REQUEST;
@@ -60,8 +60,9 @@ impl<'ch> RawEvent<'ch> {
             && unsafe { (*ev.id).qp_type } == sys::ibv_qp_type::IBV_QPT_UD;
         let new_id = if is_request {
             // SAFETY: for a CONNECT_REQUEST, `id` is the new id librdmacm created for the
-            // request on the listener's channel (`'ch`), ours alone, with no event yet.
-            NonNull::new(ev.id).map(|raw| unsafe { Id::adopt(raw) })
+            // request on the listener's channel (`'ch`, gated by `gate`), ours alone, with no
+            // event yet.
+            NonNull::new(ev.id).map(|raw| unsafe { Id::adopt(raw, gate) })
         } else {
             None
         };

@@ -13,9 +13,9 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use evchan_sys as sys;
 
-use super::RawChannel;
+use super::{Gate, RawChannel};
 use crate::ffi::addr::{self, SockAddr};
-use crate::ffi::verbs::{ContextRef, Cq, Pd, PdRef, QpPtr};
+use crate::ffi::verbs::{ContextRef, Cq, Pd, PdRef, QpCaps, QpPtr};
 
 /// The shared record of one C id: see the module docs.
 pub(crate) struct IdInner {
@@ -23,8 +23,12 @@ pub(crate) struct IdInner {
     state: Mutex<IdState>,
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct IdState {
+    /// The gate of the channel the id's events arrive on (the parent module's docs: "Readers
+    /// and destroys"). Changed only by a migrate, which needs the owner and no pending event,
+    /// so never while a destroy may read it.
+    gate: Gate,
     /// Events read for this id (counted against it) and not acked yet.
     pending: usize,
     /// The owner (`Id`) is gone.
@@ -54,6 +58,8 @@ impl IdInner {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// Called with the gate held exclusively and `destroyed` just set: no reader is inside
+    /// `rdma_get_cm_event` with an event of the id, and none counted against it is pending.
     fn destroy(&self, has_qp: bool, groups: Vec<SocketAddr>) {
         for group in groups {
             let mut sa = SockAddr::new(group);
@@ -62,11 +68,13 @@ impl IdInner {
             let _ = unsafe { sys::rdma_leave_multicast(self.raw.as_ptr(), sa.as_mut_ptr()) };
         }
         if has_qp {
-            // SAFETY: the id is live and has a QP created by `rdma_create_qp`.
+            // SAFETY: the id is live and has a QP created by `rdma_create_qp`; no reader can be
+            // modifying it inside `rdma_get_cm_event` (the gate, see `release`).
             unsafe { sys::rdma_destroy_qp(self.raw.as_ptr()) }
         }
         // SAFETY: the id is live, destroyed once (the `destroyed` flag), and no event counted
-        // against it is pending in our accounting, so this does not wait on an ack we hold.
+        // against it is pending in our accounting nor being read (the gate), so this does not
+        // wait on an ack we hold.
         let _ = unsafe { sys::rdma_destroy_id(self.raw.as_ptr()) };
     }
 
@@ -76,12 +84,15 @@ impl IdInner {
     }
 
     /// `rdma_destroy_qp` of a QP made by [`Id::create_qp_with`], and `pd` put back to
-    /// librdmacm's. Called with the state locked, so no destroy of the id runs meanwhile.
+    /// librdmacm's. Called with the gate held exclusively and the state locked, so no reader
+    /// touches the QP and no destroy of the id runs meanwhile.
     fn destroy_user_qp(&self, lib_pd: *mut sys::ibv_pd) {
         // SAFETY: the id is live (its owner is being dropped, so `destroyed` is false) and has
-        // the QP; the caller's PD and CQs are still borrowed by the owner. Async events naming
-        // the QP are acked at read (`ffi::verbs::RawAsyncEvent`), so `ibv_destroy_qp` does not
-        // wait on one. The CQs are the caller's, so `rdma_destroy_qp` destroys no CQ.
+        // the QP; the caller's PD and CQs are still borrowed by the owner. No reader of the
+        // channel is inside `rdma_get_cm_event` (the gate), where librdmacm modifies the QP for
+        // a CONNECT_RESPONSE or REJECTED of the id. Async events naming the QP are acked at read
+        // (`ffi::verbs::RawAsyncEvent`), so `ibv_destroy_qp` does not wait on one. The CQs are
+        // the caller's, so `rdma_destroy_qp` destroys no CQ.
         unsafe { sys::rdma_destroy_qp(self.raw.as_ptr()) };
         // SAFETY: the id is live; its owner (the only writer) is being dropped, under the lock.
         unsafe { (*self.raw.as_ptr()).pd = lib_pd };
@@ -90,17 +101,41 @@ impl IdInner {
     /// Drops one claim (the owner's, or one pending event's) and destroys the C id when it was
     /// the last one. The owner's claim first destroys a QP on the caller's PD and CQs, whose
     /// borrows end with the owner, even when the destroy of the id is deferred.
+    ///
+    /// # Why a reader on another thread cannot race the destroys
+    ///
+    /// librdmacm modifies the id's QP *inside* `rdma_get_cm_event` (CONNECT_RESPONSE: RTR and
+    /// RTS; REJECTED: ERROR), before the event comes back and is counted here; `Id` being
+    /// `!Sync` and the deferral to the last ack do not cover that window, since the event is
+    /// not counted yet. So whatever is destroyed here is destroyed with the channel's gate held
+    /// exclusively (parent module docs): readers already inside finish and count their event
+    /// first (bounded: the fd is non-blocking, nobody waits inside for an event to come), later
+    /// readers wait, and the decision to destroy now or defer is taken after that, from the
+    /// count.
     pub(super) fn release(&self, owner: bool) {
+        let mut st = self.lock();
+        if owner {
+            st.released = true;
+        } else {
+            st.pending -= 1;
+        }
+        let may_destroy = (owner && st.user_qp.is_some()) || (st.released && st.pending == 0);
+        if !may_destroy || st.destroyed {
+            return;
+        }
+        let gate = Arc::clone(&st.gate);
+        drop(st);
+        let _no_reader = gate.write().unwrap_or_else(PoisonError::into_inner);
         let mut st = self.lock();
         if owner {
             if let Some(lib_pd) = st.user_qp.take() {
                 self.destroy_user_qp(lib_pd);
             }
-            st.released = true;
-        } else {
-            st.pending -= 1;
         }
-        let go = st.released && st.pending == 0 && !st.destroyed;
+        // A reader may have counted another event while we waited for the gate: then the
+        // destroy is that event's ack's. A QP on the caller's PD and CQs goes first, by the
+        // owner's claim: a last ack that gets the gate before the owner leaves the id to it.
+        let go = st.released && st.pending == 0 && !st.destroyed && st.user_qp.is_none();
         if go {
             st.destroyed = true;
         }
@@ -253,17 +288,6 @@ impl ConnParamRaw<'_> {
     }
 }
 
-/// The capacities of a QP created with `rdma_create_qp` (the library creates its CQs).
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct QpCaps {
-    pub(crate) max_send_wr: u32,
-    pub(crate) max_recv_wr: u32,
-    pub(crate) max_send_sge: u32,
-    pub(crate) max_recv_sge: u32,
-    pub(crate) max_inline_data: u32,
-    pub(crate) sq_sig_all: bool,
-}
-
 impl<'ch> Id<'ch> {
     /// `rdma_create_id` on `channel` in port space `ps`.
     pub(crate) fn create(channel: &'ch RawChannel, ps: u32) -> io::Result<Self> {
@@ -272,20 +296,28 @@ impl<'ch> Id<'ch> {
         // id can produce any event.
         check(unsafe { sys::rdma_create_id(channel.ptr.as_ptr(), &mut raw, ptr::null_mut(), ps) })?;
         let raw = NonNull::new(raw).ok_or_else(|| io::Error::from_raw_os_error(libc::EIO))?;
-        // SAFETY: `raw` is a fresh id that nothing else owns.
-        Ok(unsafe { Self::adopt(raw) })
+        // SAFETY: `raw` is a fresh id on `channel` that nothing else owns.
+        Ok(unsafe { Self::adopt(raw, channel.gate()) })
     }
 
     /// Takes ownership of a C id and points its `context` at a new record.
     ///
     /// # Safety
     ///
-    /// `raw` is a live C id on a channel that lives for `'ch`, owned by no one else, with no
-    /// event of its own read and unacked.
-    pub(super) unsafe fn adopt(raw: NonNull<sys::rdma_cm_id>) -> Self {
+    /// `raw` is a live C id on a channel that lives for `'ch` and whose gate is `gate`, owned
+    /// by no one else, with no event of its own read and unacked.
+    pub(super) unsafe fn adopt(raw: NonNull<sys::rdma_cm_id>, gate: &Gate) -> Self {
         let inner = Arc::new(IdInner {
             raw,
-            state: Mutex::new(IdState::default()),
+            state: Mutex::new(IdState {
+                gate: Arc::clone(gate),
+                pending: 0,
+                released: false,
+                destroyed: false,
+                has_qp: false,
+                user_qp: None,
+                groups: Vec::new(),
+            }),
         });
         // SAFETY: `raw` is live and ours; the record outlives the C id (module docs). The
         // store is atomic and releases the record to readers of `context` (`record_of`).
@@ -343,10 +375,9 @@ impl<'ch> Id<'ch> {
     /// QP or one with library-made CQs.
     pub(crate) fn user_qp(&self) -> Option<QpPtr<'_>> {
         self.inner.lock().user_qp?;
-        let qp = NonNull::new(self.get().qp)?;
-        // SAFETY: the QP is destroyed only in the owner's drop (`release`), which cannot run
-        // while `self` is borrowed.
-        Some(unsafe { QpPtr::from_raw(qp) })
+        // SAFETY: `qp` is NULL or the QP from `create_qp_with`, destroyed only in the owner's
+        // drop (`release`), which cannot run while `self` is borrowed.
+        unsafe { QpPtr::from_raw(self.get().qp) }
     }
 
     pub(crate) fn qp_num(&self) -> Option<u32> {
@@ -440,21 +471,7 @@ impl<'ch> Id<'ch> {
         recv_cq: *mut sys::ibv_cq,
         caps: QpCaps,
     ) -> io::Result<()> {
-        let mut attr = sys::ibv_qp_init_attr {
-            qp_context: ptr::null_mut(),
-            send_cq,
-            recv_cq,
-            srq: ptr::null_mut(),
-            cap: sys::ibv_qp_cap {
-                max_send_wr: caps.max_send_wr,
-                max_recv_wr: caps.max_recv_wr,
-                max_send_sge: caps.max_send_sge,
-                max_recv_sge: caps.max_recv_sge,
-                max_inline_data: caps.max_inline_data,
-            },
-            qp_type: self.get().qp_type,
-            sq_sig_all: c_int::from(caps.sq_sig_all),
-        };
+        let mut attr = caps.init_attr(self.get().qp_type, send_cq, recv_cq);
         // SAFETY: live id with a device (the caller's state guarantees it; librdmacm fails
         // with an errno otherwise, and with EINVAL for a PD of another device or a second QP);
         // `attr` is valid; the PD and CQs are NULL (library ones) or live objects of the
@@ -535,15 +552,28 @@ impl<'ch> Id<'ch> {
     /// counted against the id are unacked, since the call would wait for their acks, and while
     /// the id has a QP on the caller's PD and CQs: those are borrowed for `'ch`, which the
     /// migrated id would no longer carry.
+    ///
+    /// Decided and done with the old channel's gate held exclusively, as a destroy (see
+    /// [`IdInner::release`]): no event of the id is read and not yet counted meanwhile.
     pub(crate) fn migrate<'to>(self, to: &'to RawChannel) -> Result<Id<'to>, (Self, io::Error)> {
-        if self.pending() > 0 || self.inner.lock().user_qp.is_some() {
+        let gate = Arc::clone(&self.inner.lock().gate);
+        let no_reader = gate.write().unwrap_or_else(PoisonError::into_inner);
+        let busy = {
+            let st = self.inner.lock();
+            st.pending > 0 || st.user_qp.is_some()
+        };
+        if busy {
+            drop(no_reader);
             return Err((self, io::Error::from_raw_os_error(libc::EBUSY)));
         }
-        // SAFETY: live id and live target channel; no event of ours is pending, so the call
-        // waits at most for events another thread is about to ack.
+        // SAFETY: live id and live target channel; no event of ours is pending or being read,
+        // so the call does not wait for an ack.
         if let Err(e) = check(unsafe { sys::rdma_migrate_id(self.raw(), to.ptr.as_ptr()) }) {
+            drop(no_reader);
             return Err((self, e));
         }
+        self.inner.lock().gate = Arc::clone(to.gate());
+        drop(no_reader);
         let this = ManuallyDrop::new(self);
         // SAFETY: `this` is never used or dropped again, so the `Arc` moves out exactly once.
         let inner = unsafe { ptr::read(&this.inner) };

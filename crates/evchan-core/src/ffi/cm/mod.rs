@@ -23,11 +23,31 @@
 //!   for an id only while the C id exists, the C id exists until `rdma_destroy_id` returns, and
 //!   whoever calls `rdma_destroy_id` holds an `Arc` of the record until it has returned; and
 //!   `rdma_destroy_id` does not return before this very event is acked.
+//!
+//! # Readers and destroys: the channel's gate
+//!
+//! `rdma_get_cm_event` does more than read: for a `CONNECT_RESPONSE` of an id with a QP,
+//! librdmacm moves the QP to RTR and RTS (`ucma_process_conn_resp`, also `ibv_set_ece` /
+//! `ibv_query_ece`), and for a `REJECTED` it moves it to ERROR, all *before* the call returns
+//! and before we can count the event against the id. The id's owner may sit on another thread
+//! (ids are `Send`, channels `Sync`), and dropping it destroys the QP (`rdma_destroy_qp`) at
+//! once when no event is counted — so without more, a reader could modify a QP that is being
+//! freed, and `rdma_destroy_id` could wait for the ack of an event that reader is about to
+//! hand to the very thread that is blocked in the destroy.
+//!
+//! So each channel has a gate (a read-write lock, [`Gate`]): every reader holds it shared from
+//! before `rdma_get_cm_event` until the event is counted ([`RawChannel::get_event`]), and every
+//! destroy of an id or its QP, and every migrate, holds it exclusively and only then decides,
+//! from the pending count, whether to act now or defer to the last ack (`id::IdInner::release`).
+//! A reader never blocks inside the call — the channel's fd is always `O_NONBLOCK`; waiting is
+//! done by `poll` outside the gate — so a destroy waits at most for readers that are already
+//! processing an event, never for the next event to arrive.
 
 use std::ffi::c_int;
 use std::io;
 use std::os::fd::BorrowedFd;
 use std::ptr::{self, NonNull};
+use std::sync::{Arc, PoisonError, RwLock};
 
 use evchan_sys as sys;
 
@@ -37,7 +57,7 @@ mod event;
 mod id;
 
 pub(crate) use event::RawEvent;
-pub(crate) use id::{ConnParamRaw, Id, QpCaps};
+pub(crate) use id::{ConnParamRaw, Id};
 
 /// The event type codes this module tells apart.
 pub(crate) mod code {
@@ -46,9 +66,15 @@ pub(crate) mod code {
     pub(crate) const MULTICAST_ERROR: u32 = 13;
 }
 
-/// An owned `struct rdma_event_channel`.
+/// A channel's reader gate (see the module docs): held shared by a reader from before
+/// `rdma_get_cm_event` until its event is counted, exclusively by a destroy or migrate of an id
+/// of the channel.
+pub(crate) type Gate = Arc<RwLock<()>>;
+
+/// An owned `struct rdma_event_channel`, with its fd set `O_NONBLOCK`.
 pub(crate) struct RawChannel {
     ptr: NonNull<sys::rdma_event_channel>,
+    gate: Gate,
 }
 
 // SAFETY: a channel is a file descriptor plus librdmacm bookkeeping that is internally locked:
@@ -60,13 +86,23 @@ unsafe impl Send for RawChannel {}
 unsafe impl Sync for RawChannel {}
 
 impl RawChannel {
-    /// `rdma_create_event_channel`.
+    /// `rdma_create_event_channel`, and `O_NONBLOCK` on its fd (see the module docs; librdmacm
+    /// honours the flag only for reads of events, never for the commands it writes).
     pub(crate) fn create() -> io::Result<Self> {
         // SAFETY: no arguments; returns NULL with errno set on failure.
         let ptr = unsafe { sys::rdma_create_event_channel() };
-        NonNull::new(ptr)
-            .map(|ptr| Self { ptr })
-            .ok_or_else(sys::last_error)
+        let channel = NonNull::new(ptr)
+            .map(|ptr| Self {
+                ptr,
+                gate: Gate::default(),
+            })
+            .ok_or_else(sys::last_error)?;
+        sys::fd::set_nonblocking(channel.fd(), true)?;
+        Ok(channel)
+    }
+
+    pub(super) fn gate(&self) -> &Gate {
+        &self.gate
     }
 
     /// The channel's file descriptor, open for as long as the channel lives.
@@ -78,15 +114,19 @@ impl RawChannel {
         unsafe { BorrowedFd::borrow_raw(fd) }
     }
 
-    /// `rdma_get_cm_event`: one read, blocking or not as the fd's `O_NONBLOCK` says. `EINTR` and
-    /// `EAGAIN` come back as errors for the caller to handle.
+    /// `rdma_get_cm_event`: one read, which never blocks (`EAGAIN` when no event is ready).
+    /// `EINTR` and `EAGAIN` come back as errors for the caller to handle.
+    ///
+    /// The gate is held shared until the event is counted against its id (module docs).
     pub(crate) fn get_event(&self) -> io::Result<RawEvent<'_>> {
+        let _reading = self.gate.read().unwrap_or_else(PoisonError::into_inner);
         let mut event = ptr::null_mut();
         // SAFETY: `ptr` is a live channel and `event` a valid out-pointer.
         sys::cvt(unsafe { sys::rdma_get_cm_event(self.ptr.as_ptr(), &mut event) })?;
         let event = NonNull::new(event).ok_or_else(|| io::Error::from_raw_os_error(libc::EIO))?;
-        // SAFETY: librdmacm just handed us this event; we own it until we ack it.
-        Ok(unsafe { RawEvent::adopt(event) })
+        // SAFETY: librdmacm just handed us this event, read from this channel; we own it until
+        // we ack it.
+        Ok(unsafe { RawEvent::adopt(event, &self.gate) })
     }
 }
 

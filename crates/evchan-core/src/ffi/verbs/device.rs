@@ -7,11 +7,13 @@ use std::marker::PhantomData;
 use std::mem::MaybeUninit;
 use std::os::fd::{BorrowedFd, RawFd};
 use std::ptr::NonNull;
+use std::sync::{Mutex, PoisonError};
+use std::time::Duration;
 
 use evchan_sys as sys;
 use libc::c_int;
 
-use super::{null_err, RawAsyncEvent};
+use super::{null_err, Borrowed, ContextRef, PdRef, RawAsyncEvent};
 
 // ---------------------------------------------------------------------------------------------
 // Device list and context
@@ -185,7 +187,8 @@ impl Context {
 
     /// The borrowed view of this context.
     pub(crate) fn as_ref(&self) -> ContextRef<'_> {
-        ContextRef {
+        // Closed (or given back) only in `Drop`, after every borrow of `self` has ended.
+        Borrowed {
             ptr: self.ptr,
             _owner: PhantomData,
         }
@@ -200,6 +203,12 @@ impl Context {
     fn raw_async_fd(&self) -> RawFd {
         // SAFETY: `ptr` is a live context; `async_fd` is written once at open.
         unsafe { (*self.ptr.as_ptr()).async_fd }
+    }
+
+    /// Whether we opened the context ourselves (`ibv_open_device`), so that nothing else in the
+    /// process uses it; `false` for librdmacm's, which every user of its device shares.
+    pub(crate) fn is_own(&self) -> bool {
+        matches!(self.owner, Owner::Opened)
     }
 
     pub(crate) fn name(&self) -> String {
@@ -260,8 +269,27 @@ impl Context {
         })
     }
 
-    /// `ibv_get_async_event` on the (non-blocking) async fd: `Ok(None)` on `EAGAIN`.
+    /// `ibv_get_async_event` without waiting: `Ok(None)` when no event is ready.
+    ///
+    /// Our own context's fd is `O_NONBLOCK` (set by the safe layer): the read says `EAGAIN`.
+    /// librdmacm's context is shared with whatever else in the process uses the device, so its
+    /// fd's flags are left alone (setting `O_NONBLOCK` would make every other blocking reader
+    /// of it fail with `EAGAIN`). There the read is done only once `poll` with a zero timeout
+    /// says an event is ready, and such reads are serialised process-wide, so that two of ours
+    /// never both see one event and the loser then waits in the read. A reader outside evchan
+    /// that takes the event between the poll and the read makes this call wait for the next
+    /// event: the price of not changing the fd under it.
     pub(crate) fn get_async_event(&self) -> io::Result<Option<RawAsyncEvent>> {
+        static SHARED_READS: Mutex<()> = Mutex::new(());
+        let _serial = if self.is_own() {
+            None
+        } else {
+            let serial = SHARED_READS.lock().unwrap_or_else(PoisonError::into_inner);
+            if !sys::fd::poll_readable(self.async_fd(), Some(Duration::ZERO))? {
+                return Ok(None);
+            }
+            Some(serial)
+        };
         loop {
             let mut ev = MaybeUninit::<sys::ibv_async_event>::zeroed();
             // SAFETY: live context; `ev` is a valid out-pointer. The call only writes the
@@ -302,26 +330,7 @@ impl Drop for Context {
 // Borrowed views of what an rdma_cm id holds
 // ---------------------------------------------------------------------------------------------
 
-/// A borrowed `struct ibv_context` (an open device), valid for `'a`.
-#[derive(Clone, Copy)]
-pub(crate) struct ContextRef<'a> {
-    pub(super) ptr: NonNull<sys::ibv_context>,
-    _owner: PhantomData<&'a sys::ibv_context>,
-}
-
 impl ContextRef<'_> {
-    /// Borrows `ptr`, or `None` when it is NULL.
-    ///
-    /// # Safety
-    ///
-    /// `ptr` is NULL or a device context that stays open for the chosen lifetime.
-    pub(crate) unsafe fn from_raw(ptr: *mut sys::ibv_context) -> Option<Self> {
-        NonNull::new(ptr).map(|ptr| Self {
-            ptr,
-            _owner: PhantomData,
-        })
-    }
-
     /// `ibv_get_device_name(context->device)`.
     pub(crate) fn name(&self) -> String {
         // SAFETY: the context is open (type invariant), so its `device` is valid.
@@ -340,33 +349,9 @@ impl ContextRef<'_> {
             .to_string_lossy()
             .into_owned()
     }
-
-    /// The context's address, as an opaque key (equal contexts, equal keys).
-    pub(crate) fn key(&self) -> usize {
-        self.ptr.as_ptr() as usize
-    }
-}
-
-/// A borrowed `struct ibv_pd`, valid for `'a`.
-#[derive(Clone, Copy)]
-pub(crate) struct PdRef<'a> {
-    pub(super) ptr: NonNull<sys::ibv_pd>,
-    _owner: PhantomData<&'a sys::ibv_pd>,
 }
 
 impl PdRef<'_> {
-    /// Borrows `ptr`, or `None` when it is NULL.
-    ///
-    /// # Safety
-    ///
-    /// `ptr` is NULL or a protection domain that stays allocated for the chosen lifetime.
-    pub(crate) unsafe fn from_raw(ptr: *mut sys::ibv_pd) -> Option<Self> {
-        NonNull::new(ptr).map(|ptr| Self {
-            ptr,
-            _owner: PhantomData,
-        })
-    }
-
     /// `ibv_pd::handle`: the kernel's handle of the PD.
     pub(crate) fn handle(&self) -> u32 {
         // SAFETY: the PD is allocated (type invariant).

@@ -31,6 +31,8 @@
 //!   object's identity copied out ([`RawAsyncEvent`]), so no destroy can wait on it.
 
 use std::io;
+use std::marker::PhantomData;
+use std::ptr::NonNull;
 
 use evchan_sys as sys;
 
@@ -42,11 +44,60 @@ mod qp;
 
 pub(crate) use async_event::{RawAsyncEvent, RawElement};
 pub(crate) use cq::{CompChannel, Cq, CqEventAck, RawWc};
-pub(crate) use device::{Context, ContextRef, DeviceList, PdRef};
+pub(crate) use device::{Context, DeviceList};
 pub use mr::MrBuffer;
 pub(crate) use mr::{Mr, Pd, Posted, OWNED_WR_ID_BIT};
-pub(crate) use qp::{sge_of, Qp, QpInit, QpModify, QpPtr};
+pub(crate) use qp::{sge_of, Qp, QpCaps, QpModify};
 pub use qp::{SendFlags, Sge};
+
+/// A C object borrowed for `'a`, owned by someone else (librdmacm, or one of our handles):
+/// the pointer and the lifetime, nothing else. Its verbs are on the aliases below.
+pub(crate) struct Borrowed<'a, T> {
+    ptr: NonNull<T>,
+    _owner: PhantomData<&'a T>,
+}
+
+/// A borrowed `struct ibv_context` (an open device).
+pub(crate) type ContextRef<'a> = Borrowed<'a, sys::ibv_context>;
+/// A borrowed `struct ibv_pd`.
+pub(crate) type PdRef<'a> = Borrowed<'a, sys::ibv_pd>;
+/// A borrowed QP: ours ([`Qp::ptr`]) or an rdma_cm id's (`ffi::cm::Id::user_qp`). Every verb
+/// that does not destroy the QP goes through it.
+pub(crate) type QpPtr<'a> = Borrowed<'a, sys::ibv_qp>;
+
+impl<T> Borrowed<'_, T> {
+    /// Borrows `ptr`, or `None` when it is NULL.
+    ///
+    /// # Safety
+    ///
+    /// `ptr` is NULL or a live object that stays alive (not freed, closed or destroyed) for the
+    /// chosen lifetime.
+    pub(crate) unsafe fn from_raw(ptr: *mut T) -> Option<Self> {
+        NonNull::new(ptr).map(|ptr| Self {
+            ptr,
+            _owner: PhantomData,
+        })
+    }
+
+    /// The object's address, as an opaque key (the same object, the same key).
+    pub(crate) fn key(&self) -> usize {
+        self.ptr.as_ptr() as usize
+    }
+}
+
+impl<T> Clone for Borrowed<'_, T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<T> Copy for Borrowed<'_, T> {}
+
+impl<T> std::fmt::Debug for Borrowed<'_, T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.ptr.fmt(f)
+    }
+}
 
 /// Acks are flushed with one `ibv_ack_cq_events` call once this many are pending for a CQ.
 pub(crate) const ACK_BATCH: u32 = 64;

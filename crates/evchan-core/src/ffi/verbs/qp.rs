@@ -16,16 +16,44 @@ use super::*;
 // Queue pairs and posting
 // ---------------------------------------------------------------------------------------------
 
-/// Plain QP creation attributes (`struct ibv_qp_init_attr`).
+/// The capacities of a new QP (`struct ibv_qp_init_attr`'s `cap`, and `sq_sig_all`), for
+/// `ibv_create_qp` ([`Qp::new`]) and `rdma_create_qp` (`ffi::cm::Id::create_qp`) alike.
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct QpInit {
-    pub(crate) qp_type: u32,
+pub(crate) struct QpCaps {
     pub(crate) max_send_wr: u32,
     pub(crate) max_recv_wr: u32,
     pub(crate) max_send_sge: u32,
     pub(crate) max_recv_sge: u32,
     pub(crate) max_inline_data: u32,
     pub(crate) sq_sig_all: bool,
+}
+
+impl QpCaps {
+    /// `struct ibv_qp_init_attr` of a QP of type `qp_type` (`enum ibv_qp_type`) with these
+    /// capacities, completing on `send_cq` and `recv_cq` (NULL for `rdma_create_qp` to make
+    /// them), with no SRQ and no QP context.
+    pub(crate) fn init_attr(
+        self,
+        qp_type: u32,
+        send_cq: *mut sys::ibv_cq,
+        recv_cq: *mut sys::ibv_cq,
+    ) -> sys::ibv_qp_init_attr {
+        sys::ibv_qp_init_attr {
+            qp_context: ptr::null_mut(),
+            send_cq,
+            recv_cq,
+            srq: ptr::null_mut(),
+            cap: sys::ibv_qp_cap {
+                max_send_wr: self.max_send_wr,
+                max_recv_wr: self.max_recv_wr,
+                max_send_sge: self.max_send_sge,
+                max_recv_sge: self.max_recv_sge,
+                max_inline_data: self.max_inline_data,
+            },
+            qp_type,
+            sq_sig_all: c_int::from(self.sq_sig_all),
+        }
+    }
 }
 
 /// Plain QP modify attributes: the subset of `struct ibv_qp_attr` the safe layer sets.
@@ -95,27 +123,15 @@ pub struct Sge {
 }
 
 impl<'res> Qp<'res> {
+    /// `ibv_create_qp` of a QP of type `qp_type` on `pd`.
     pub(crate) fn new(
         pd: &'res Pd<'_>,
         send_cq: &'res Cq<'_>,
         recv_cq: &'res Cq<'_>,
-        init: QpInit,
+        qp_type: u32,
+        caps: QpCaps,
     ) -> io::Result<Self> {
-        let mut attr = sys::ibv_qp_init_attr {
-            qp_context: ptr::null_mut(),
-            send_cq: send_cq.ptr.as_ptr(),
-            recv_cq: recv_cq.ptr.as_ptr(),
-            srq: ptr::null_mut(),
-            cap: sys::ibv_qp_cap {
-                max_send_wr: init.max_send_wr,
-                max_recv_wr: init.max_recv_wr,
-                max_send_sge: init.max_send_sge,
-                max_recv_sge: init.max_recv_sge,
-                max_inline_data: init.max_inline_data,
-            },
-            qp_type: init.qp_type,
-            sq_sig_all: c_int::from(init.sq_sig_all),
-        };
+        let mut attr = caps.init_attr(qp_type, send_cq.ptr.as_ptr(), recv_cq.ptr.as_ptr());
         // SAFETY: live PD and CQs (borrowed for 'res); `attr` is fully initialised.
         let qp = unsafe { sys::ibv_create_qp(pd.ptr.as_ptr(), &mut attr) };
         Ok(Qp {
@@ -126,34 +142,15 @@ impl<'res> Qp<'res> {
 
     /// The borrowed QP, to post and modify through.
     pub(crate) fn ptr(&self) -> QpPtr<'_> {
-        QpPtr {
+        // Destroyed only in `Drop`, after every borrow of `self` has ended.
+        Borrowed {
             ptr: self.ptr,
-            _qp: PhantomData,
+            _owner: PhantomData,
         }
     }
-}
-
-/// A QP borrowed for `'a`: ours ([`Qp::ptr`]) or an rdma_cm id's (`ffi::cm::Id::qp`). Every
-/// verb that does not destroy the QP goes through it.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct QpPtr<'a> {
-    ptr: NonNull<sys::ibv_qp>,
-    _qp: PhantomData<&'a sys::ibv_qp>,
 }
 
 impl QpPtr<'_> {
-    /// Borrows `ptr`.
-    ///
-    /// # Safety
-    ///
-    /// `ptr` is a live QP that stays alive (not destroyed) for the chosen lifetime.
-    pub(crate) unsafe fn from_raw(ptr: NonNull<sys::ibv_qp>) -> Self {
-        QpPtr {
-            ptr,
-            _qp: PhantomData,
-        }
-    }
-
     pub(crate) fn qp_num(&self) -> u32 {
         // SAFETY: live QP; `qp_num` is written at creation.
         unsafe { (*self.ptr.as_ptr()).qp_num }
@@ -220,21 +217,13 @@ impl QpPtr<'_> {
         imm: Option<u32>,
         flags: SendFlags,
     ) -> io::Result<()> {
-        let mut sg: Vec<sys::ibv_sge> = sges
-            .iter()
-            .map(|s| sys::ibv_sge {
-                addr: s.addr,
-                length: s.length,
-                lkey: s.lkey,
-            })
-            .collect();
+        let (mut sg, num_sge) = c_sg_list(sges)?;
         // SAFETY: ibv_send_wr is plain data (integers, raw pointers, unions of those); all-zero
         // is valid (NULL next, no remote address).
         let mut wr: sys::ibv_send_wr = unsafe { MaybeUninit::zeroed().assume_init() };
         wr.wr_id = wr_id;
         wr.sg_list = sg.as_mut_ptr();
-        wr.num_sge =
-            c_int::try_from(sg.len()).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+        wr.num_sge = num_sge;
         let mut bits = 0;
         if flags.signaled {
             bits |= sys::ibv_send_flags::IBV_SEND_SIGNALED.0;
@@ -266,20 +255,12 @@ impl QpPtr<'_> {
     /// anyone else until the work request's completion has been polled (or the QP is destroyed):
     /// the device writes into it.
     pub(crate) unsafe fn post_recv(&self, wr_id: u64, sges: &[Sge]) -> io::Result<()> {
-        let mut sg: Vec<sys::ibv_sge> = sges
-            .iter()
-            .map(|s| sys::ibv_sge {
-                addr: s.addr,
-                length: s.length,
-                lkey: s.lkey,
-            })
-            .collect();
+        let (mut sg, num_sge) = c_sg_list(sges)?;
         let mut wr = sys::ibv_recv_wr {
             wr_id,
             next: ptr::null_mut(),
             sg_list: sg.as_mut_ptr(),
-            num_sge: c_int::try_from(sg.len())
-                .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?,
+            num_sge,
         };
         let mut bad: *mut sys::ibv_recv_wr = ptr::null_mut();
         // SAFETY: live QP; `wr` and `sg` outlive the call; the memory is the caller's contract.
@@ -298,28 +279,17 @@ impl QpPtr<'_> {
         imm: Option<u32>,
         solicited: bool,
     ) -> Result<Posted<'pd, B>, (io::Error, Mr<'pd, B>)> {
-        let sge = match sge_of(&mr, range) {
-            Ok(s) => s,
-            Err(e) => return Err((e, mr)),
-        };
-        let wr_id = OWNED_WR_ID_BIT | NEXT_OWNED_WR_ID.fetch_add(1, Ordering::Relaxed);
         let flags = SendFlags {
             signaled: true,
             solicited,
         };
-        // SAFETY: `sge` lies in `mr`, registered with a PD; `mr` (and so its buffer) moves into
-        // the returned Posted, which gives it back only for this work request's completion
-        // (signaled, so there is one), or deregisters it before freeing it (no DMA after
-        // ibv_dereg_mr), or leaks it.
-        match unsafe { self.post_send(wr_id, &[sge], imm, flags) } {
-            Ok(()) => Ok(Posted {
-                mr,
-                qp_num: self.qp_num(),
-                wr_id,
-                len: sge.length as usize,
-            }),
-            Err(e) => Err((e, mr)),
-        }
+        self.post_owned(mr, range, |wr_id, sge| {
+            // SAFETY: `sge` lies in `mr`, registered with a PD; `mr` (and so its buffer) moves
+            // into the Posted that `post_owned` returns, which gives it back only for this
+            // work request's completion (signaled, so there is one), or deregisters it before
+            // freeing it (no DMA after ibv_dereg_mr), or leaks it.
+            unsafe { self.post_send(wr_id, &[sge], imm, flags) }
+        })
     }
 
     /// Posts a receive into `mr`'s bytes `range` and keeps the region until the completion.
@@ -330,14 +300,28 @@ impl QpPtr<'_> {
         mr: Mr<'pd, B>,
         range: std::ops::Range<usize>,
     ) -> Result<Posted<'pd, B>, (io::Error, Mr<'pd, B>)> {
+        self.post_owned(mr, range, |wr_id, sge| {
+            // SAFETY: as in post_send_owned; the device writes only into `range` of `mr`, which
+            // nobody else can reach while Posted holds it.
+            unsafe { self.post_recv(wr_id, &[sge]) }
+        })
+    }
+
+    /// The part both owned posts share: `range` of `mr` checked into one element, a fresh
+    /// owned `wr_id` (top bit set), `post` of them, and `mr` kept in the [`Posted`] on success
+    /// or given back with the error.
+    fn post_owned<'pd, B: MrBuffer + 'static>(
+        &self,
+        mr: Mr<'pd, B>,
+        range: std::ops::Range<usize>,
+        post: impl FnOnce(u64, Sge) -> io::Result<()>,
+    ) -> Result<Posted<'pd, B>, (io::Error, Mr<'pd, B>)> {
         let sge = match sge_of(&mr, range) {
             Ok(s) => s,
             Err(e) => return Err((e, mr)),
         };
         let wr_id = OWNED_WR_ID_BIT | NEXT_OWNED_WR_ID.fetch_add(1, Ordering::Relaxed);
-        // SAFETY: as in post_send_owned; the device writes only into `range` of `mr`, which
-        // nobody else can reach while Posted holds it.
-        match unsafe { self.post_recv(wr_id, &[sge]) } {
+        match post(wr_id, sge) {
             Ok(()) => Ok(Posted {
                 mr,
                 qp_num: self.qp_num(),
@@ -347,6 +331,22 @@ impl QpPtr<'_> {
             Err(e) => Err((e, mr)),
         }
     }
+}
+
+/// `sges` as the C scatter/gather list of a work request, and its length as `num_sge`
+/// (`EINVAL` past `c_int`).
+fn c_sg_list(sges: &[Sge]) -> io::Result<(Vec<sys::ibv_sge>, c_int)> {
+    let num_sge =
+        c_int::try_from(sges.len()).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+    let sg = sges
+        .iter()
+        .map(|s| sys::ibv_sge {
+            addr: s.addr,
+            length: s.length,
+            lkey: s.lkey,
+        })
+        .collect();
+    Ok((sg, num_sge))
 }
 
 /// The scatter/gather element of `range` of `mr`, checked.
