@@ -103,13 +103,17 @@ impl EventChannel {
         &self.raw
     }
 
-    /// Records the mode the caller chose ([`is_nonblocking`](Self::is_nonblocking)). The reads
-    /// behave the same in both modes, and the descriptor stays `O_NONBLOCK` either way (see
-    /// the type's docs): clearing the flag would let a reader wait inside `rdma_get_cm_event`,
-    /// and an id's drop with it.
+    /// `fcntl(O_NONBLOCK)` as librdmacm's man page suggests, in effect: in non-blocking mode
+    /// [`get_event`](Self::get_event) fails with `EAGAIN` ([`io::ErrorKind::WouldBlock`])
+    /// instead of waiting when no event is ready, as `rdma_get_cm_event` does on a non-blocking
+    /// descriptor. [`try_get_event`](Self::try_get_event) and
+    /// [`get_event_timeout`](Self::get_event_timeout) behave the same in both modes.
+    ///
+    /// The descriptor itself stays `O_NONBLOCK` in both modes (see the type's docs): clearing
+    /// the flag would let a reader wait inside `rdma_get_cm_event`, and an id's drop with it.
     ///
     /// # Errors
-    /// None any more; kept for the signature.
+    /// None today; the signature keeps room for the `fcntl` it stands for.
     pub fn set_nonblocking(&self, nonblocking: bool) -> Result<()> {
         self.nonblocking.store(nonblocking, Ordering::Release);
         Ok(())
@@ -134,15 +138,21 @@ impl EventChannel {
         sysfd::poll_readable(self.as_fd(), timeout).map_err(|e| Error::os("poll", e))
     }
 
-    /// `rdma_get_cm_event`: waits (in `poll`) for the next event.
+    /// `rdma_get_cm_event`: waits (in `poll`) for the next event; in non-blocking mode
+    /// ([`set_nonblocking`](Self::set_nonblocking)) fails with `EAGAIN` instead of waiting.
     ///
     /// # Errors
-    /// The OS error of the read.
+    /// The OS error of the read; `EAGAIN` ([`io::ErrorKind::WouldBlock`]) in non-blocking mode
+    /// when no event is ready.
     #[doc(alias = "rdma_get_cm_event")]
     pub fn get_event(&self) -> Result<Event<'_>> {
         loop {
             if let Some(ev) = self.read()? {
                 return Ok(ev);
+            }
+            if self.is_nonblocking() {
+                let eagain = io::Error::from_raw_os_error(libc::EAGAIN);
+                return Err(Error::os("rdma_get_cm_event", eagain));
             }
             self.poll(None)?;
         }

@@ -67,6 +67,11 @@ fn non_blocking_channel_reports_eagain_as_none() {
     let timeout = std::time::Duration::from_millis(50);
     assert!(channel.get_event_timeout(timeout).unwrap().is_none());
     assert!(start.elapsed() >= timeout, "timed read returned early");
+    // The "blocking" read of a non-blocking channel says EAGAIN, as rdma_get_cm_event does.
+    let err = channel.get_event().unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(libc::EAGAIN), "{err}");
+    channel.set_nonblocking(false).unwrap();
+    assert!(!channel.is_nonblocking());
 
     // An event arrives: the non-blocking read finds it after a poll.
     let id = CmId::new(&channel, PortSpace::Udp)
@@ -83,19 +88,21 @@ fn non_blocking_channel_reports_eagain_as_none() {
     let _id = id.addr_resolved(&ev).unwrap();
     drop(ev);
     assert!(channel.try_get_event().unwrap().is_none());
+    // In blocking mode the read waits for the next event instead.
+    let id = CmId::new(&channel, PortSpace::Udp)
+        .unwrap()
+        .resolve_addr(None, v4(port(5)), RESOLVE_TIMEOUT)
+        .unwrap();
+    let ev = channel.get_event().unwrap();
+    assert_eq!(ev.kind(), EventKind::AddrResolved);
+    assert!(ev.is_for(&id));
 }
 
 #[test]
 fn multicast_join_on_a_udp_id() {
     require_device!();
     let channel = EventChannel::new().unwrap();
-    let id = CmId::new(&channel, PortSpace::Udp)
-        .unwrap()
-        .resolve_addr(None, v4(port(4)), RESOLVE_TIMEOUT)
-        .unwrap();
-    let ev = expect_event(&channel, EventKind::AddrResolved);
-    let mut id = id.addr_resolved(&ev).unwrap();
-    drop(ev);
+    let mut id = resolved(&channel, PortSpace::Udp, v4(port(4)));
     // The tests' network rule allows no address but the VM's own, so the "group" is
     // 169.254.77.1 itself: on RoCE v2 the kernel maps it to a multicast GID all the same, and
     // nothing leaves the VM (it has no network card).

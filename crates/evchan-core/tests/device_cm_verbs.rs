@@ -13,63 +13,19 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use evchan_core::cm::{ConnParam, EventKind, PortSpace};
-use evchan_core::verbs::{
-    CompChannel, Context, Cq, Mr, Pd, Posted, QpInit, WcOpcode, WcStatus, WorkCompletion,
-};
-use evchan_core::{CmId, EventChannel};
+use evchan_core::verbs::{CompChannel, Context, Cq, Pd, QpInit, WcOpcode, WcStatus};
+use evchan_core::EventChannel;
+use support::verbs::{complete, objects};
 use support::*;
-
-/// How long one completion may take (TCG is slow).
-const WC_TIMEOUT: Duration = Duration::from_secs(20);
-
-/// Waits on `cq` (event-driven) until `posted`'s completion arrives; returns it with the region.
-/// Any other completion on the way fails the test.
-fn complete<'pd>(cq: &Cq<'_>, posted: Posted<'pd, Vec<u8>>) -> (Mr<'pd, Vec<u8>>, WorkCompletion) {
-    let mut posted = Some(posted);
-    let mut done = None;
-    while done.is_none() {
-        let n = cq
-            .wait(Some(WC_TIMEOUT), |wc| {
-                let p = posted.take().expect("one completion expected");
-                match p.complete(&wc) {
-                    Ok(mr) => done = Some((mr, wc)),
-                    Err(p) => panic!("unexpected completion {wc:?} while waiting for {p:?}"),
-                }
-            })
-            .unwrap();
-        assert!(
-            n > 0 || done.is_some(),
-            "no completion within {WC_TIMEOUT:?}"
-        );
-    }
-    done.unwrap()
-}
-
-/// One side's verbs objects, all made on the context its id hands out.
-fn objects(ctx: &Context) -> (Pd<'_>, CompChannel<'_>) {
-    (Pd::new(ctx).unwrap(), CompChannel::new(ctx).unwrap())
-}
 
 /// Client and server over rdma_cm at `addr`, each with its own completion channel, CQ, PD and
 /// memory regions; `rounds` ping-pongs; disconnect.
 fn exchange(addr: SocketAddr, rounds: u32) {
-    let sch = EventChannel::new().unwrap();
-    let cch = EventChannel::new().unwrap();
-    let listening = CmId::new(&sch, PortSpace::Tcp)
-        .unwrap()
-        .bind(addr)
-        .unwrap()
-        .listen(8)
-        .unwrap();
+    let (sch, cch) = channels();
+    let listening = listener(&sch, PortSpace::Tcp, addr);
 
     // Client: after address resolution its id hands out the device context.
-    let id = CmId::new(&cch, PortSpace::Tcp)
-        .unwrap()
-        .resolve_addr(None, addr, RESOLVE_TIMEOUT)
-        .unwrap();
-    let ev = expect_event(&cch, EventKind::AddrResolved);
-    let id = id.addr_resolved(&ev).unwrap();
-    ev.ack();
+    let id = resolved(&cch, PortSpace::Tcp, addr);
     let cctx = id.context().unwrap();
     assert_eq!(cctx.name(), id.verbs().name());
     let (cpd, ccomp) = objects(&cctx);
@@ -242,13 +198,7 @@ fn cm_connection_on_own_cqs_ipv6_link_local() {
 fn context_outlives_its_id() {
     require_device!();
     let channel = EventChannel::new().unwrap();
-    let id = CmId::new(&channel, PortSpace::Tcp)
-        .unwrap()
-        .resolve_addr(None, v4(port(3)), RESOLVE_TIMEOUT)
-        .unwrap();
-    let ev = expect_event(&channel, EventKind::AddrResolved);
-    let id = id.addr_resolved(&ev).unwrap();
-    ev.ack();
+    let id = resolved(&channel, PortSpace::Tcp, v4(port(3)));
     let ctx = id.context().unwrap();
     drop(id);
     let pd = Pd::new(&ctx).unwrap();
@@ -262,17 +212,33 @@ fn context_outlives_its_id() {
     drop(comp);
     drop(pd);
     // Another context handle of the same device, then both gone: librdmacm keeps its own.
-    let again = {
-        let id = CmId::new(&channel, PortSpace::Tcp)
-            .unwrap()
-            .resolve_addr(None, v4(port(4)), RESOLVE_TIMEOUT)
-            .unwrap();
-        let ev = expect_event(&channel, EventKind::AddrResolved);
-        let id = id.addr_resolved(&ev).unwrap();
-        ev.ack();
-        id.context().unwrap()
-    };
+    let again = resolved(&channel, PortSpace::Tcp, v4(port(4)))
+        .context()
+        .unwrap();
     assert_eq!(again.name(), ctx.name());
     drop(ctx);
     assert!(Pd::new(&again).is_ok());
+}
+
+/// An id's context shares librdmacm's async-event descriptor: evchan leaves its flags alone
+/// (it stays blocking for everyone else in the process), yet the non-blocking and timed reads
+/// still never wait past what they promise.
+#[test]
+fn id_context_async_reads_leave_the_shared_fd_blocking() {
+    require_device!();
+    let channel = EventChannel::new().unwrap();
+    let id = resolved(&channel, PortSpace::Tcp, v4(port(5)));
+    let ctx = id.context().unwrap();
+    let fd = std::os::fd::AsFd::as_fd(&ctx);
+    assert!(!evchan_sys::fd::is_nonblocking(fd).unwrap());
+    within(Duration::from_secs(20), "non-blocking async reads", || {
+        for _ in 0..100 {
+            assert!(ctx.try_get_async_event().unwrap().is_none());
+        }
+        let timeout = Duration::from_millis(50);
+        let start = std::time::Instant::now();
+        assert!(ctx.get_async_event_timeout(timeout).unwrap().is_none());
+        assert!(start.elapsed() >= timeout, "timed read returned early");
+    });
+    assert!(!evchan_sys::fd::is_nonblocking(std::os::fd::AsFd::as_fd(&ctx)).unwrap());
 }

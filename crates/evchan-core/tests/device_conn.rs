@@ -10,36 +10,12 @@ mod support;
 use std::net::SocketAddr;
 
 use evchan_core::cm::{
-    state::{Connected, Listening, RouteResolved},
+    state::{Connected, Listening},
     ConnParam, EventKind, PortSpace, RejectReason, Status,
 };
 use evchan_core::verbs::QpInit;
 use evchan_core::{CmId, EventChannel};
 use support::*;
-
-/// A listener on `addr`.
-fn listener(channel: &EventChannel, addr: SocketAddr) -> CmId<'_, Listening> {
-    CmId::new(channel, PortSpace::Tcp)
-        .unwrap()
-        .bind(addr)
-        .unwrap()
-        .listen(8)
-        .unwrap()
-}
-
-/// An active id with its route to `dst` resolved.
-fn routed(channel: &EventChannel, dst: SocketAddr) -> CmId<'_, RouteResolved> {
-    let id = CmId::new(channel, PortSpace::Tcp)
-        .unwrap()
-        .resolve_addr(None, dst, RESOLVE_TIMEOUT)
-        .unwrap();
-    let ev = expect_event(channel, EventKind::AddrResolved);
-    let id = id.addr_resolved(&ev).unwrap();
-    ev.ack();
-    let id = id.resolve_route(RESOLVE_TIMEOUT).unwrap();
-    let ev = expect_event(channel, EventKind::RouteResolved);
-    id.route_resolved(&ev).unwrap()
-}
 
 /// Connects a client on `cch` to a listener on `sch` at `addr`, with private data both ways, and
 /// returns both connected ids.
@@ -49,12 +25,12 @@ fn connect_pair<'s, 'c>(
     listening: &CmId<'s, Listening>,
     addr: SocketAddr,
 ) -> (CmId<'s, Connected>, CmId<'c, Connected>) {
-    let mut client = routed(cch, addr);
-    client.create_qp(&QpInit::new()).unwrap();
-    assert!(client.qp_num().is_some());
-    let client = client
-        .connect(&ConnParam::new().private_data(b"hello from client"))
-        .unwrap();
+    let client = connecting(
+        cch,
+        PortSpace::Tcp,
+        addr,
+        &ConnParam::new().private_data(b"hello from client"),
+    );
 
     let mut req = expect_event(sch, EventKind::ConnectRequest);
     assert!(req.is_for(listening));
@@ -86,41 +62,22 @@ fn connect_pair<'s, 'c>(
         .accept(&ConnParam::new().private_data(b"welcome"))
         .unwrap();
 
-    let ev = expect_event(cch, EventKind::Established);
-    assert!(ev.is_for(&client));
+    let (client, data) = established(cch, client);
     assert!(
-        ev.private_data().starts_with(b"welcome"),
-        "ESTABLISHED private data: {:?}",
-        ev.private_data()
+        data.starts_with(b"welcome"),
+        "ESTABLISHED private data: {data:?}"
     );
-    let client = client.established(&ev).unwrap();
-    ev.ack();
-
-    let ev = expect_event(sch, EventKind::Established);
-    assert!(ev.is_for(&server));
-    let server = server.established(&ev).unwrap();
-    ev.ack();
+    let (server, _) = established(sch, server);
     (server, client)
 }
 
 /// The whole life of a connection at `addr`.
 fn connection_life(addr: SocketAddr) {
-    let sch = EventChannel::new().unwrap();
-    let cch = EventChannel::new().unwrap();
-    let listening = listener(&sch, addr);
+    let (sch, cch) = channels();
+    let listening = listener(&sch, PortSpace::Tcp, addr);
     let (server, client) = connect_pair(&sch, &cch, &listening, addr);
     assert_eq!(client.peer_addr(), Some(addr));
-
-    // The client disconnects (a DREQ): the server sees DISCONNECTED and answers with its own
-    // `rdma_disconnect` (the DREP), upon which the client sees DISCONNECTED too.
-    let client = client.disconnect().unwrap();
-    let ev = expect_event(&sch, EventKind::Disconnected);
-    assert!(ev.is_for(&server));
-    ev.ack();
-    let server = server.disconnect().unwrap();
-    let ev = expect_event(&cch, EventKind::Disconnected);
-    assert!(ev.is_for(&client));
-    ev.ack();
+    let (server, client) = disconnect_pair(&sch, &cch, server, client);
 
     // Then each QP leaves timewait.
     let ev = expect_event(&cch, EventKind::TimewaitExit);
@@ -147,19 +104,16 @@ fn connect_accept_disconnect_timewait_v6_link_local() {
 fn consumer_reject_carries_reason_28_and_private_data() {
     require_device!();
     let addr = v4(port(3));
-    let sch = EventChannel::new().unwrap();
-    let cch = EventChannel::new().unwrap();
-    let _listening = listener(&sch, addr);
-    let mut client = routed(&cch, addr);
-    client.create_qp(&QpInit::new()).unwrap();
-    let client = client
-        .connect(&ConnParam::new().private_data(b"let me in"))
-        .unwrap();
-
-    let mut req = expect_event(&sch, EventKind::ConnectRequest);
-    assert!(req.private_data().starts_with(b"let me in"));
-    let server = req.take_request().unwrap();
-    req.ack();
+    let (sch, cch) = channels();
+    let _listening = listener(&sch, PortSpace::Tcp, addr);
+    let client = connecting(
+        &cch,
+        PortSpace::Tcp,
+        addr,
+        &ConnParam::new().private_data(b"let me in"),
+    );
+    let (server, data) = request(&sch);
+    assert!(data.starts_with(b"let me in"));
     server.reject(b"go away").unwrap();
 
     let ev = next_event(&cch, "REJECTED");
@@ -187,9 +141,7 @@ fn consumer_reject_carries_reason_28_and_private_data() {
 fn connect_without_listener_is_rejected_with_reason_8() {
     require_device!();
     let cch = EventChannel::new().unwrap();
-    let mut client = routed(&cch, v4(port(4)));
-    client.create_qp(&QpInit::new()).unwrap();
-    let client = client.connect(&ConnParam::new()).unwrap();
+    let client = connecting(&cch, PortSpace::Tcp, v4(port(4)), &ConnParam::new());
     let ev = next_event(&cch, "REJECTED");
     assert_eq!(ev.kind(), EventKind::Rejected, "{ev:?}");
     assert!(ev.is_for(&client));
@@ -201,12 +153,9 @@ fn connect_without_listener_is_rejected_with_reason_8() {
 fn unaccepted_request_dropped_with_its_event_rejects_the_peer() {
     require_device!();
     let addr = v4(port(5));
-    let sch = EventChannel::new().unwrap();
-    let cch = EventChannel::new().unwrap();
-    let _listening = listener(&sch, addr);
-    let mut client = routed(&cch, addr);
-    client.create_qp(&QpInit::new()).unwrap();
-    let _client = client.connect(&ConnParam::new()).unwrap();
+    let (sch, cch) = channels();
+    let _listening = listener(&sch, PortSpace::Tcp, addr);
+    let _client = connecting(&cch, PortSpace::Tcp, addr, &ConnParam::new());
     let req = expect_event(&sch, EventKind::ConnectRequest);
     assert!(req.has_request());
     drop(req); // the new id goes with the event
@@ -221,7 +170,7 @@ fn unaccepted_request_dropped_with_its_event_rejects_the_peer() {
 fn private_data_over_the_limit_fails_before_the_call() {
     require_device!();
     let cch = EventChannel::new().unwrap();
-    let client = routed(&cch, v4(port(6)));
+    let client = routed(&cch, PortSpace::Tcp, v4(port(6)));
     let data = [7u8; 57];
     let err = client
         .connect(&ConnParam::new().private_data(&data))

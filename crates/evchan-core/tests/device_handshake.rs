@@ -5,49 +5,22 @@
 
 mod support;
 
-use std::net::{Ipv4Addr, SocketAddr};
+use std::net::Ipv4Addr;
 
 use evchan_core::cm::state::{
-    AddrResolved, Connected, Datagram, Disconnected, Listening, Requested, RouteResolved,
+    AddrResolved, Connected, Datagram, Disconnected, Listening, RouteResolved,
 };
 use evchan_core::cm::{AnyId, ConnParam, EventKind, PortSpace, Status};
 use evchan_core::verbs::QpInit;
 use evchan_core::{CmId, Error, EventChannel};
 use support::*;
 
-const RDMA_UDP_QKEY: u32 = 0x0123_4567;
-
-fn routed(ch: &EventChannel, ps: PortSpace, dst: SocketAddr) -> CmId<'_, RouteResolved> {
-    let id = CmId::new(ch, ps)
-        .unwrap()
-        .resolve_addr(None, dst, RESOLVE_TIMEOUT)
-        .unwrap();
-    let ev = expect_event(ch, EventKind::AddrResolved);
-    let id = id.addr_resolved(&ev).unwrap();
-    ev.ack();
-    let id = id.resolve_route(RESOLVE_TIMEOUT).unwrap();
-    let ev = expect_event(ch, EventKind::RouteResolved);
-    id.route_resolved(&ev).unwrap()
-}
-
-fn request<'ch>(ch: &'ch EventChannel) -> (CmId<'ch, Requested>, Vec<u8>) {
-    let mut ev = expect_event(ch, EventKind::ConnectRequest);
-    let data = ev.private_data().to_vec();
-    (ev.take_request().unwrap(), data)
-}
-
 #[test]
 fn connect_without_qp_gets_connect_response_then_establish() {
     require_device!();
     let addr = v4(port(1));
-    let sch = EventChannel::new().unwrap();
-    let cch = EventChannel::new().unwrap();
-    let _listening = CmId::new(&sch, PortSpace::Tcp)
-        .unwrap()
-        .bind(addr)
-        .unwrap()
-        .listen(4)
-        .unwrap();
+    let (sch, cch) = channels();
+    let _listening = listener(&sch, PortSpace::Tcp, addr);
 
     // No `create_qp`: the QP is "ours to manage"; announce a QP number by hand.
     let client = routed(&cch, PortSpace::Tcp, addr)
@@ -98,20 +71,10 @@ fn connect_without_qp_gets_connect_response_then_establish() {
 fn establish_refuses_established() {
     require_device!();
     let addr = v4(port(2));
-    let sch = EventChannel::new().unwrap();
-    let cch = EventChannel::new().unwrap();
-    let _listening = CmId::new(&sch, PortSpace::Tcp)
-        .unwrap()
-        .bind(addr)
-        .unwrap()
-        .listen(4)
-        .unwrap();
-    let mut client = routed(&cch, PortSpace::Tcp, addr);
-    client.create_qp(&QpInit::new()).unwrap();
-    let client = client.connect(&ConnParam::new()).unwrap();
-    let (mut server, _) = request(&sch);
-    server.create_qp(&QpInit::new()).unwrap();
-    let _server = server.accept(&ConnParam::new()).unwrap();
+    let (sch, cch) = channels();
+    let _listening = listener(&sch, PortSpace::Tcp, addr);
+    let client = connecting(&cch, PortSpace::Tcp, addr, &ConnParam::new());
+    let (_server, _) = accept_request(&sch, &ConnParam::new());
     let ev = expect_event(&cch, EventKind::Established);
     let err = client.establish(&ev).unwrap_err();
     assert!(matches!(err.error, Error::UnexpectedEvent(_)), "{err}");
@@ -122,14 +85,8 @@ fn establish_refuses_established() {
 fn sidr_udp_connect_accept_with_ud_parameters_and_private_data() {
     require_device!();
     let addr = v4(port(3));
-    let sch = EventChannel::new().unwrap();
-    let cch = EventChannel::new().unwrap();
-    let _listening = CmId::new(&sch, PortSpace::Udp)
-        .unwrap()
-        .bind(addr)
-        .unwrap()
-        .listen(4)
-        .unwrap();
+    let (sch, cch) = channels();
+    let _listening = listener(&sch, PortSpace::Udp, addr);
     let mut client = routed(&cch, PortSpace::Udp, addr);
     client.create_qp(&QpInit::new()).unwrap();
     let client_qp = client.qp_num().unwrap();
@@ -207,9 +164,7 @@ fn sidr_udp_connect_accept_with_ud_parameters_and_private_data() {
 fn sidr_without_listener_is_unreachable_with_a_sidr_status() {
     require_device!();
     let cch = EventChannel::new().unwrap();
-    let mut client = routed(&cch, PortSpace::Udp, v4(port(4)));
-    client.create_qp(&QpInit::new()).unwrap();
-    let client = client.connect(&ConnParam::new()).unwrap();
+    let client = connecting(&cch, PortSpace::Udp, v4(port(4)), &ConnParam::new());
     let ev = next_event(&cch, "UNREACHABLE");
     eprintln!("SIDR to nobody: {ev:?}");
     assert_eq!(ev.kind(), EventKind::Unreachable, "{ev:?}");
@@ -226,12 +181,7 @@ fn any_id_holds_mixed_states_and_checks_them_at_run_time() {
     require_device!();
     let addr = v4(port(5));
     let ch = EventChannel::new().unwrap();
-    let listening = CmId::new(&ch, PortSpace::Tcp)
-        .unwrap()
-        .bind(addr)
-        .unwrap()
-        .listen(4)
-        .unwrap();
+    let listening = listener(&ch, PortSpace::Tcp, addr);
     let mut ids: std::collections::HashMap<_, AnyId<'_>> = std::collections::HashMap::new();
     let lkey = listening.key();
     ids.insert(lkey, listening.erase());
@@ -337,17 +287,9 @@ fn any_id_holds_mixed_states_and_checks_them_at_run_time() {
 fn sidr_reject_is_unreachable_with_the_rejecters_private_data() {
     require_device!();
     let addr = v4(port(6));
-    let sch = EventChannel::new().unwrap();
-    let cch = EventChannel::new().unwrap();
-    let _listening = CmId::new(&sch, PortSpace::Udp)
-        .unwrap()
-        .bind(addr)
-        .unwrap()
-        .listen(4)
-        .unwrap();
-    let mut client = routed(&cch, PortSpace::Udp, addr);
-    client.create_qp(&QpInit::new()).unwrap();
-    let client = client.connect(&ConnParam::new()).unwrap();
+    let (sch, cch) = channels();
+    let _listening = listener(&sch, PortSpace::Udp, addr);
+    let client = connecting(&cch, PortSpace::Udp, addr, &ConnParam::new());
     let (server, _) = request(&sch);
     // A UDP reject is a SIDR REP too: 136 bytes at most.
     let err = server.reject(&[0; 137]).unwrap_err();

@@ -16,233 +16,34 @@
 //!   messages; its server exits 0 after answering every request, its client after every
 //!   `ESTABLISHED`.
 //!
-//! `rping`, `rdma_server`/`rdma_client` and `ucmatose`/`udaddy` with messages need RDMA send,
-//! receive and read, which come with the verbs work; they are not used here. The tools take only
-//! the IPv4 address (169.254.77.1), not `fe80::…%dummy0`.
+//! - `rdma_server` / `rdma_client` (librdmacm/examples): one RC connection and one 16-byte
+//!   message each way, the client first; our side on its own PD, CQ and completion channel
+//!   ([`CmId::create_qp_with`], the owned-buffer posts, [`Cq::wait`]).
+//! - `ucmatose` with messages: the server sends first, the client replies (with the same
+//!   buffer it received into, so its replies echo the server's last message).
+//!
+//! The tools take only the IPv4 address (169.254.77.1), not `fe80::…%dummy0`.
 
 mod support;
 
 use std::collections::HashMap;
-use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use evchan_core::cm::state::{Connected, Connecting, Disconnected, State};
 use evchan_core::cm::{AnyId, ConnParam, EventKind, IdKey, PortSpace};
-use evchan_core::verbs::QpInit;
+use evchan_core::verbs::{Cq, QpInit, WcOpcode};
 use evchan_core::{CmEvent, CmId, EventChannel};
 use support::interop::*;
 use support::tool::Tool;
+use support::verbs::{complete, complete_all, objects};
 use support::*;
 
 /// Connections per run (TCG is slow; cmtime's default of 100 would work too).
 const N: usize = 16;
 /// Connections of the timed comparison with cmtime (SOFTROCE.md's C figures use 100 too).
 const TIMING_N: usize = 100;
-/// The most a whole exchange with a tool may take.
-const TOOL_DEADLINE: Duration = Duration::from_secs(90);
 /// udaddy's port, fixed (its `-p` is the port space).
 const UDADDY_PORT: u16 = 7174;
-/// `RDMA_UDP_QKEY`, the QKey rdma_cm gives UD QPs of the UDP port space.
-const RDMA_UDP_QKEY: u32 = 0x0123_4567;
-
-/// Per-connection time of each step, in µs, as cmtime reports it (step total / connections).
-type Steps = Vec<(&'static str, f64)>;
-
-fn per_conn(t: Instant, n: usize) -> f64 {
-    t.elapsed().as_secs_f64() * 1e6 / n as f64
-}
-
-/// cmtime's client procedure with our API: each step for all `n` ids, then the next step;
-/// returns the µs per connection of each step.
-fn timed_client(ch: &EventChannel, dst: SocketAddr, n: usize) -> Steps {
-    let mut steps = Steps::new();
-    let t = Instant::now();
-    let ids: Vec<_> = (0..n)
-        .map(|_| CmId::new(ch, PortSpace::Tcp).unwrap())
-        .collect();
-    steps.push(("create id", per_conn(t, n)));
-
-    let t = Instant::now();
-    let ids: Vec<_> = ids
-        .into_iter()
-        .map(|id| id.resolve_addr(None, dst, RESOLVE_TIMEOUT).unwrap())
-        .collect();
-    let ids = gather(ch, ids, "ADDR_RESOLVED", |id, ev| {
-        id.addr_resolved(ev).unwrap()
-    });
-    steps.push(("resolve addr", per_conn(t, n)));
-
-    let t = Instant::now();
-    let ids: Vec<_> = ids
-        .into_iter()
-        .map(|id| id.resolve_route(RESOLVE_TIMEOUT).unwrap())
-        .collect();
-    let mut ids = gather(ch, ids, "ROUTE_RESOLVED", |id, ev| {
-        id.route_resolved(ev).unwrap()
-    });
-    steps.push(("resolve route", per_conn(t, n)));
-
-    let t = Instant::now();
-    let init = QpInit::new().max_send_wr(1).max_recv_wr(1);
-    for id in &mut ids {
-        id.create_qp(&init).unwrap();
-    }
-    steps.push(("create qp", per_conn(t, n)));
-
-    let t = Instant::now();
-    let ids: Vec<_> = ids
-        .into_iter()
-        .map(|id| id.connect(&ConnParam::new()).unwrap())
-        .collect();
-    let ids = gather(ch, ids, "ESTABLISHED", |id, ev| {
-        let info = ev.conn_info().expect("RC parameters");
-        assert_ne!(info.qp_num, 0, "the server's QP number");
-        id.established(ev).unwrap()
-    });
-    steps.push(("connect", per_conn(t, n)));
-
-    let t = Instant::now();
-    let ids: Vec<_> = ids.into_iter().map(|id| id.disconnect().unwrap()).collect();
-    let ids = gather(ch, ids, "DISCONNECTED", |id, ev| {
-        assert_eq!(ev.kind(), EventKind::Disconnected, "{ev:?}");
-        id
-    });
-    steps.push(("disconnect", per_conn(t, n)));
-
-    let t = Instant::now();
-    drop(ids);
-    steps.push(("destroy", per_conn(t, n)));
-    steps
-}
-
-/// cmtime's table (`step: total ms, max ms, min us, us / conn`) as `(step, us / conn)`.
-fn cmtime_steps(stdout: &str) -> Steps {
-    let names = [
-        "create id",
-        "bind addr",
-        "resolve addr",
-        "resolve route",
-        "create qp",
-        "connect",
-        "disconnect",
-        "destroy",
-    ];
-    stdout
-        .lines()
-        .filter_map(|l| {
-            let (step, nums) = l.split_once(':')?;
-            let name = names.iter().find(|n| **n == step.trim())?;
-            let us = nums.split_whitespace().last()?.parse().ok()?;
-            Some((*name, us))
-        })
-        .collect()
-}
-
-fn print_table(title: &str, c: &Steps, ours: &Steps) {
-    eprintln!("{title}\nstep            cmtime us/conn   evchan us/conn   ratio");
-    for (step, us) in ours {
-        let theirs = c
-            .iter()
-            .find(|(s, _)| s == step)
-            .map_or(f64::NAN, |(_, u)| *u);
-        eprintln!("{step:<15} {theirs:>14.1} {us:>16.1} {:>7.2}", us / theirs);
-    }
-}
-
-/// Our passive side for `n` connections from a tool's client, all ids in one map of [`AnyId`]:
-/// accept each request; with `we_disconnect`, disconnect all once all are established (else
-/// wait for the client's disconnect and answer it). Ends when every id has seen TIMEWAIT_EXIT;
-/// asserts each id's event sequence.
-fn serve(ch: &EventChannel, client: &mut Tool, n: usize, we_disconnect: bool) {
-    let mut ids: HashMap<IdKey, AnyId<'_>> = HashMap::new();
-    let mut log: HashMap<IdKey, Vec<EventKind>> = HashMap::new();
-    let (mut established, mut gone) = (0, 0);
-    // Where the server's time goes: waiting for events, `rdma_create_qp`, `rdma_accept`.
-    let (mut waiting, mut creating, mut accepting) =
-        (Duration::ZERO, Duration::ZERO, Duration::ZERO);
-    let start = Instant::now();
-    while gone < n {
-        assert!(
-            start.elapsed() < TOOL_DEADLINE,
-            "server: {gone} of {n} connections done after {TOOL_DEADLINE:?}; log {log:?}"
-        );
-        let t = Instant::now();
-        let got = ch.get_event_timeout(Duration::from_millis(200)).unwrap();
-        waiting += t.elapsed();
-        let Some(mut ev) = got else {
-            if let Some(status) = client.try_status() {
-                assert!(
-                    status.success() || gone == n,
-                    "the tool's client ended: {status}"
-                );
-            }
-            continue;
-        };
-        let key = ev.id();
-        log.entry(key).or_default().push(ev.kind());
-        assert!(ev.status().is_success(), "{ev:?}");
-        match ev.kind() {
-            EventKind::ConnectRequest => {
-                assert!(ev.conn_info().is_some());
-                let mut id = ev.take_request().unwrap();
-                let t = Instant::now();
-                id.create_qp(&QpInit::new()).unwrap();
-                creating += t.elapsed();
-                let t = Instant::now();
-                let id = id
-                    .accept(&ConnParam::new().private_data(b"evchan"))
-                    .unwrap();
-                accepting += t.elapsed();
-                ids.insert(key, id.erase());
-            }
-            EventKind::Established => {
-                let id = ids.remove(&key).expect("ESTABLISHED of one of ours");
-                let id = id.complete(&ev).unwrap();
-                assert!(id.is::<Connected>());
-                ids.insert(key, id);
-                established += 1;
-                if we_disconnect && established == n {
-                    let keys: Vec<_> = ids.keys().copied().collect();
-                    for k in keys {
-                        let id = ids.remove(&k).unwrap().disconnect().unwrap();
-                        ids.insert(k, id);
-                    }
-                }
-            }
-            EventKind::Disconnected => {
-                let mut id = ids.remove(&key).expect("DISCONNECTED of one of ours");
-                if id.is::<Connected>() {
-                    assert!(!we_disconnect, "the client disconnected first");
-                    id = id.disconnect().unwrap(); // the reply (DREP)
-                }
-                ids.insert(key, id);
-            }
-            EventKind::TimewaitExit => {
-                drop(ids.remove(&key).expect("TIMEWAIT_EXIT of one of ours"));
-                gone += 1;
-            }
-            other => panic!("server: unexpected {other} in {ev:?}"),
-        }
-    }
-    eprintln!(
-        "server, {n} connections in {:?}: waiting for events {waiting:?}, rdma_create_qp \
-         {creating:?}, rdma_accept {accepting:?}",
-        start.elapsed()
-    );
-    assert_eq!(log.len(), n, "{log:?}");
-    for (key, kinds) in &log {
-        assert_eq!(
-            kinds,
-            &[
-                EventKind::ConnectRequest,
-                EventKind::Established,
-                EventKind::Disconnected,
-                EventKind::TimewaitExit
-            ],
-            "events of {key:?}"
-        );
-    }
-}
 
 #[test]
 fn cmtime_client_against_our_listener() {
@@ -280,7 +81,7 @@ fn our_client_against_cmtime_server_next_to_cmtime_client() {
     // (rdma-core 44) passes one global `ibv_qp_init_attr` to every `rdma_create_qp`, which
     // writes the first id's CQs back into it, so once that first id is gone every later QP
     // fails and the server rejects (reason 28) every request.
-    let (probe, ev) = connect_when_listening(&ch, PortSpace::Tcp, v4(p), &mut server);
+    let (probe, ev) = connect_when_listening(&ch, PortSpace::Tcp, v4(p), &mut server, librdmacm_qp);
     let probe = probe.established(&ev).unwrap();
     drop(ev);
 
@@ -337,25 +138,17 @@ fn our_client_against_ucmatose_server_it_disconnects() {
         &["-b", VM_V4, "-p", &p.to_string(), "-c", &n, "-C", "0"],
     );
     let ch = EventChannel::new().unwrap();
-    let (first, ev) = connect_when_listening(&ch, PortSpace::Tcp, v4(p), &mut server);
+    let (first, ev) = connect_when_listening(&ch, PortSpace::Tcp, v4(p), &mut server, librdmacm_qp);
     let mut connected = vec![first.established(&ev).unwrap()];
     drop(ev);
     let param = ConnParam::new().private_data(b"evchan");
-    let rest = connect_all(&ch, PortSpace::Tcp, v4(p), N - 1, &param);
+    let rest = connect_all(&ch, PortSpace::Tcp, v4(p), N - 1, &param, librdmacm_qp);
     connected.extend(gather(&ch, rest, "ESTABLISHED", |id, ev| {
         id.established(ev).unwrap()
     }));
     // All N are up: the server disconnects each; we answer.
-    let ids = gather(&ch, connected, "DISCONNECTED", |id, ev| {
-        assert_eq!(ev.kind(), EventKind::Disconnected, "{ev:?}");
-        id.disconnect().unwrap()
-    });
-    let out = server.wait(TOOL_DEADLINE);
-    assert_clean(&out);
+    let out = answer_disconnects(&ch, connected, server);
     assert!(out.stdout.contains("disconnected"), "{out}");
-    gather(&ch, ids, "TIMEWAIT_EXIT", |_, ev| {
-        assert_eq!(ev.kind(), EventKind::TimewaitExit, "{ev:?}");
-    });
 }
 
 #[test]
@@ -447,13 +240,13 @@ fn our_udp_client_against_udaddy_server() {
             "RoCE address vectors are global"
         );
     };
-    let (first, ev) = connect_when_listening(&ch, PortSpace::Udp, v4(p), &mut server);
+    let (first, ev) = connect_when_listening(&ch, PortSpace::Udp, v4(p), &mut server, librdmacm_qp);
     check(&ev);
     let (first, info) = first.established_datagram(&ev).unwrap();
     drop(ev);
     let mut done = vec![(first, info)];
     let param = ConnParam::new().private_data(b"evchan");
-    let rest = connect_all(&ch, PortSpace::Udp, v4(p), N - 1, &param);
+    let rest = connect_all(&ch, PortSpace::Udp, v4(p), N - 1, &param, librdmacm_qp);
     done.extend(gather(&ch, rest, "ESTABLISHED", |id, ev| {
         check(ev);
         id.established_datagram(ev).unwrap()
@@ -574,4 +367,275 @@ fn cmtime_client_against_our_listener_read_by_four_threads() {
     assert_eq!(log.len(), 4 * CONNS, "{log:?}");
     let out = client.wait(TOOL_DEADLINE);
     assert_clean(&out);
+}
+
+/// rdma_client's and rdma_server's message: 16 bytes each way, from static buffers that are
+/// never written (all zeros), received into 16-byte buffers.
+const EXAMPLE_MSG: usize = 16;
+
+/// rdma_server's protocol, from our side: connect with no private data, send 16 bytes, receive
+/// its 16-byte reply (zeros), answer its disconnect. It exits 0 once its send completed.
+#[test]
+fn our_client_against_rdma_server() {
+    require_device!();
+    let tool = require_tool!("rdma_server", "rdmacm-utils");
+    let p = port(9);
+    let mut server = Tool::spawn(&tool, &["-s", VM_V4, "-p", &p.to_string()]);
+    let ctx = vm_context();
+    let (pd, comp) = objects(&ctx);
+    let cq = Cq::new(&comp, 8).unwrap();
+    let ch = EventChannel::new().unwrap();
+    let (id, ev) = connect_when_listening(&ch, PortSpace::Tcp, v4(p), &mut server, |id| {
+        id.create_qp_with(&pd, &cq, &cq, &QpInit::new()).unwrap();
+    });
+    // rdma_accept(id, NULL): no private data in the reply.
+    assert!(ev.private_data().iter().all(|&b| b == 0), "{ev:?}");
+    let id = id.established(&ev).unwrap();
+    ev.ack();
+
+    // It sends only once it has our message, so our receive may be posted now.
+    let rx = post_rx(&id, &pd);
+    let msg = *b"evchan to server";
+    assert_eq!(msg.len(), EXAMPLE_MSG);
+    let tx = post_tx(&id, &pd, &msg);
+    // Its reply may come before our send's completion is read: one wait for both.
+    let tx_id = tx.wr_id();
+    for (mr, wc) in complete_all(&cq, vec![tx, rx]) {
+        assert_eq!(wc.qp_num(), id.qp_num().unwrap());
+        if wc.wr_id() == tx_id {
+            sent(&wc);
+            assert_eq!(mr.as_slice(), msg);
+        } else {
+            assert_eq!(received(&mr, &wc, EXAMPLE_MSG), [0; EXAMPLE_MSG]);
+        }
+    }
+
+    // Its send completed: it disconnects, we answer, it exits 0.
+    let ev = expect_event(&ch, EventKind::Disconnected);
+    assert!(ev.is_for(&id));
+    ev.ack();
+    let id = id.disconnect().unwrap();
+    let out = server.wait(TOOL_DEADLINE);
+    assert_clean(&out);
+    assert!(out.stdout.contains("rdma_server: end 0"), "{out}");
+    // rxe gave its QP the 16 bytes of inline data it asks for: it sent inline.
+    assert!(!out.stdout.contains("IBV_SEND_INLINE"), "{out}");
+    let ev = expect_event(&ch, EventKind::TimewaitExit);
+    assert!(ev.is_for(&id));
+}
+
+/// rdma_client's protocol, from our side: accept with no private data, receive its 16 bytes
+/// (zeros), reply with 16, answer its disconnect. It exits 0 once it has our reply.
+#[test]
+fn rdma_client_against_our_listener() {
+    require_device!();
+    let tool = require_tool!("rdma_client", "rdmacm-utils");
+    let p = port(10);
+    let ctx = vm_context();
+    let (pd, comp) = objects(&ctx);
+    let cq = Cq::new(&comp, 8).unwrap();
+    let ch = EventChannel::new().unwrap();
+    let listening = listener(&ch, PortSpace::Tcp, v4(p));
+    let client = Tool::spawn(&tool, &["-s", VM_V4, "-p", &p.to_string()]);
+
+    let mut req = expect_event(&ch, EventKind::ConnectRequest);
+    assert!(req.is_for(&listening));
+    // rdma_connect(id, NULL): no private data (beyond the kernel's own header, consumed).
+    assert!(req.private_data().iter().all(|&b| b == 0), "{req:?}");
+    assert_ne!(req.conn_info().expect("RC parameters").qp_num, 0);
+    let mut id = req.take_request().unwrap();
+    req.ack();
+    id.create_qp_with(&pd, &cq, &cq, &QpInit::new()).unwrap();
+    // Posted before the accept: the client sends as soon as it is connected.
+    let rx = post_rx(&id, &pd);
+    let id = id.accept(&ConnParam::new()).unwrap();
+    let ev = expect_event(&ch, EventKind::Established);
+    let id = id.established(&ev).unwrap();
+    ev.ack();
+
+    let (mr, wc) = complete(&cq, rx);
+    assert_eq!(received(&mr, &wc, EXAMPLE_MSG), [0; EXAMPLE_MSG]);
+    let reply = *b"evchan to client";
+    let (_, wc) = complete(&cq, post_tx(&id, &pd, &reply));
+    sent(&wc);
+
+    // With our reply in, it disconnects and exits 0.
+    let ev = expect_event(&ch, EventKind::Disconnected);
+    assert!(ev.is_for(&id));
+    ev.ack();
+    let _id = id.disconnect().unwrap();
+    let out = client.wait(TOOL_DEADLINE);
+    assert_clean(&out);
+    assert!(out.stdout.contains("rdma_client: end 0"), "{out}");
+    assert!(!out.stdout.contains("IBV_SEND_INLINE"), "{out}");
+}
+
+/// ucmatose's message exchange: connections, messages per connection, message size (`-c`,
+/// `-C`, `-S`; its defaults for the last two).
+const UCM_CONNS: usize = 4;
+const UCM_MSGS: usize = 10;
+const UCM_SIZE: usize = 100;
+
+/// ucmatose's arguments for the exchange above, after `role` (`-s`/`-b`) and the address.
+fn ucmatose_args(role: &'static str, p: &str) -> Vec<String> {
+    let n = |v: usize| v.to_string();
+    [role, VM_V4, "-p", p]
+        .map(str::to_owned)
+        .into_iter()
+        .chain(["-c".into(), n(UCM_CONNS), "-C".into(), n(UCM_MSGS)])
+        .chain(["-S".into(), n(UCM_SIZE)])
+        .collect()
+}
+
+/// Our clients against ucmatose's server with messages: it sends `UCM_MSGS` to each
+/// connection once all are up; each of ours then replies as many; it disconnects.
+#[test]
+fn our_clients_against_ucmatose_server_with_messages() {
+    require_device!();
+    let ucmatose = require_tool!("ucmatose", "rdmacm-utils");
+    let p = port(11);
+    let args = ucmatose_args("-b", &p.to_string());
+    let mut server = Tool::spawn(
+        &ucmatose,
+        &args.iter().map(String::as_str).collect::<Vec<_>>(),
+    );
+    let ctx = vm_context();
+    let (pd, comp) = objects(&ctx);
+    let cq = Cq::new(&comp, 4 * (UCM_CONNS * UCM_MSGS) as u32).unwrap();
+    let ch = EventChannel::new().unwrap();
+    let init = QpInit::new();
+
+    // The first connection once it listens, its receives posted after: the server sends only
+    // when all are up, and the others are not even started yet.
+    let (first, ev) = connect_when_listening(&ch, PortSpace::Tcp, v4(p), &mut server, |id| {
+        id.create_qp_with(&pd, &cq, &cq, &init).unwrap();
+    });
+    let first = first.established(&ev).unwrap();
+    drop(ev);
+    let mut rx: Vec<_> = (0..UCM_MSGS).map(|_| post_rx(&first, &pd)).collect();
+    let rest = connect_all(
+        &ch,
+        PortSpace::Tcp,
+        v4(p),
+        UCM_CONNS - 1,
+        &ConnParam::new(),
+        |id| {
+            id.create_qp_with(&pd, &cq, &cq, &init).unwrap();
+            rx.extend((0..UCM_MSGS).map(|_| post_rx(id, &pd)));
+        },
+    );
+    let mut ids = vec![first];
+    ids.extend(gather(&ch, rest, "ESTABLISHED", |id, ev| {
+        id.established(ev).unwrap()
+    }));
+
+    // Its messages: UCM_MSGS of UCM_SIZE bytes on every connection.
+    let mut per_qp: HashMap<u32, usize> = HashMap::new();
+    for (mr, wc) in complete_all(&cq, rx) {
+        received(&mr, &wc, UCM_SIZE);
+        *per_qp.entry(wc.qp_num()).or_default() += 1;
+    }
+    let want: HashMap<u32, usize> = ids
+        .iter()
+        .map(|id| (id.qp_num().unwrap(), UCM_MSGS))
+        .collect();
+    assert_eq!(per_qp, want);
+
+    // Our replies, a pattern per connection.
+    let mut tx = Vec::new();
+    for (i, id) in ids.iter().enumerate() {
+        let msg = [b'a' + i as u8; UCM_SIZE];
+        tx.extend((0..UCM_MSGS).map(|_| post_tx(id, &pd, &msg)));
+    }
+    for (_, wc) in complete_all(&cq, tx) {
+        sent(&wc);
+    }
+
+    // It has them all: it disconnects every connection, we answer, it exits 0.
+    let out = answer_disconnects(&ch, ids, server);
+    assert!(out.stdout.contains("data transfers complete"), "{out}");
+    assert!(out.stdout.contains("return status 0"), "{out}");
+}
+
+/// ucmatose's clients against our listener with messages: once all are up we send
+/// `UCM_MSGS` on each connection (a pattern per connection); each client replies as many
+/// from the buffer it received into, so every reply is that connection's pattern; we
+/// disconnect.
+#[test]
+fn ucmatose_clients_against_our_listener_with_messages() {
+    require_device!();
+    let ucmatose = require_tool!("ucmatose", "rdmacm-utils");
+    let p = port(12);
+    let ctx = vm_context();
+    let (pd, comp) = objects(&ctx);
+    let cq = Cq::new(&comp, 4 * (UCM_CONNS * UCM_MSGS) as u32).unwrap();
+    let ch = EventChannel::new().unwrap();
+    let listening = listener(&ch, PortSpace::Tcp, v4(p));
+    let args = ucmatose_args("-s", &p.to_string());
+    let client = Tool::spawn(
+        &ucmatose,
+        &args.iter().map(String::as_str).collect::<Vec<_>>(),
+    );
+
+    // Accept every request with UCM_MSGS receives posted; requests and ESTABLISHED events
+    // interleave (its clients connect in parallel).
+    let mut connecting: HashMap<IdKey, CmId<'_, Connecting>> = HashMap::new();
+    let mut ids = Vec::new();
+    let mut rx = Vec::new();
+    while ids.len() < UCM_CONNS {
+        let mut ev = next_event(&ch, "CONNECT_REQUEST or ESTABLISHED");
+        assert!(ev.status().is_success(), "{ev:?}");
+        match ev.kind() {
+            EventKind::ConnectRequest => {
+                assert!(ev.is_for(&listening));
+                let mut id = ev.take_request().unwrap();
+                drop(ev);
+                id.create_qp_with(&pd, &cq, &cq, &QpInit::new()).unwrap();
+                rx.extend((0..UCM_MSGS).map(|_| post_rx(&id, &pd)));
+                connecting.insert(id.key(), id.accept(&ConnParam::new()).unwrap());
+            }
+            EventKind::Established => {
+                let id = connecting
+                    .remove(&ev.id())
+                    .expect("ESTABLISHED of one of ours");
+                ids.push(id.established(&ev).unwrap());
+            }
+            other => panic!("unexpected {other}: {ev:?}"),
+        }
+    }
+
+    // We send first; the replies may come in while our sends complete: one wait for all.
+    let pattern: HashMap<u32, u8> = ids
+        .iter()
+        .enumerate()
+        .map(|(i, id)| (id.qp_num().unwrap(), b'A' + i as u8))
+        .collect();
+    let mut posted = rx;
+    for id in &ids {
+        let msg = [pattern[&id.qp_num().unwrap()]; UCM_SIZE];
+        posted.extend((0..UCM_MSGS).map(|_| post_tx(id, &pd, &msg)));
+    }
+    let (mut sends, mut replies) = (0, HashMap::<u32, usize>::new());
+    for (mr, wc) in complete_all(&cq, posted) {
+        if wc.opcode() == Some(WcOpcode::Send) {
+            sent(&wc);
+            sends += 1;
+            continue;
+        }
+        let bytes = received(&mr, &wc, UCM_SIZE);
+        let want = pattern[&wc.qp_num()];
+        assert!(
+            bytes.iter().all(|&b| b == want),
+            "reply on {wc:?}: {bytes:?}"
+        );
+        *replies.entry(wc.qp_num()).or_default() += 1;
+    }
+    assert_eq!(sends, UCM_CONNS * UCM_MSGS);
+    assert_eq!(replies.len(), UCM_CONNS, "{replies:?}");
+    assert!(replies.values().all(|&n| n == UCM_MSGS), "{replies:?}");
+
+    // We disconnect; each client answers and it exits 0.
+    let out = disconnect_all(&ch, ids, client);
+    assert!(out.stdout.contains("data transfers complete"), "{out}");
+    assert!(out.stdout.contains("return status 0"), "{out}");
 }

@@ -4,9 +4,8 @@ mod support;
 
 use std::net::SocketAddr;
 
-use evchan_core::cm::{ConnParam, EventKind, PortSpace};
-use evchan_core::verbs::QpInit;
-use evchan_core::{CmId, EventChannel};
+use evchan_core::cm::PortSpace;
+use evchan_core::EventChannel;
 use support::*;
 
 const CYCLES: usize = 1000;
@@ -16,39 +15,8 @@ const RSS_SLACK: u64 = 4 << 20;
 
 /// One full cycle: resolve, connect, accept, establish, disconnect, destroy.
 fn cycle(sch: &EventChannel, cch: &EventChannel, addr: SocketAddr) {
-    let id = CmId::new(cch, PortSpace::Tcp)
-        .unwrap()
-        .resolve_addr(None, addr, RESOLVE_TIMEOUT)
-        .unwrap();
-    let id = id
-        .addr_resolved(&expect_event(cch, EventKind::AddrResolved))
-        .unwrap()
-        .resolve_route(RESOLVE_TIMEOUT)
-        .unwrap();
-    let mut client = id
-        .route_resolved(&expect_event(cch, EventKind::RouteResolved))
-        .unwrap();
-    client.create_qp(&QpInit::new()).unwrap();
-    let client = client
-        .connect(&ConnParam::new().private_data(b"cycle"))
-        .unwrap();
-
-    let mut req = expect_event(sch, EventKind::ConnectRequest);
-    let mut server = req.take_request().unwrap();
-    req.ack();
-    server.create_qp(&QpInit::new()).unwrap();
-    let server = server.accept(&ConnParam::new()).unwrap();
-    let client = client
-        .established(&expect_event(cch, EventKind::Established))
-        .unwrap();
-    let server = server
-        .established(&expect_event(sch, EventKind::Established))
-        .unwrap();
-
-    let client = client.disconnect().unwrap();
-    expect_event(sch, EventKind::Disconnected).ack();
-    let server = server.disconnect().unwrap();
-    expect_event(cch, EventKind::Disconnected).ack();
+    let (server, client) = connected_pair(sch, cch, addr, b"cycle", b"");
+    let (server, client) = disconnect_pair(sch, cch, server, client);
     drop(client);
     drop(server);
 }
@@ -57,14 +25,8 @@ fn cycle(sch: &EventChannel, cch: &EventChannel, addr: SocketAddr) {
 fn connect_accept_disconnect_cycles_do_not_leak() {
     require_device!();
     let addr = v4(port(1));
-    let sch = EventChannel::new().unwrap();
-    let cch = EventChannel::new().unwrap();
-    let _listening = CmId::new(&sch, PortSpace::Tcp)
-        .unwrap()
-        .bind(addr)
-        .unwrap()
-        .listen(16)
-        .unwrap();
+    let (sch, cch) = channels();
+    let _listening = listener(&sch, PortSpace::Tcp, addr);
     for _ in 0..WARM_UP {
         cycle(&sch, &cch, addr);
     }

@@ -40,27 +40,9 @@ fn dropping_a_listener_with_a_connect_request_unacked_does_not_hang() {
         "listener destroy with an unacked CONNECT_REQUEST",
         || {
             let addr = v4(port(2));
-            let sch = EventChannel::new().unwrap();
-            let cch = EventChannel::new().unwrap();
-            let listening = CmId::new(&sch, PortSpace::Tcp)
-                .unwrap()
-                .bind(addr)
-                .unwrap()
-                .listen(4)
-                .unwrap();
-            let client = CmId::new(&cch, PortSpace::Tcp)
-                .unwrap()
-                .resolve_addr(None, addr, RESOLVE_TIMEOUT)
-                .unwrap();
-            let ev = expect_event(&cch, EventKind::AddrResolved);
-            let client = client.addr_resolved(&ev).unwrap();
-            drop(ev);
-            let client = client.resolve_route(RESOLVE_TIMEOUT).unwrap();
-            let ev = expect_event(&cch, EventKind::RouteResolved);
-            let mut client = client.route_resolved(&ev).unwrap();
-            drop(ev);
-            client.create_qp(&QpInit::new()).unwrap();
-            let client = client.connect(&ConnParam::new()).unwrap();
+            let (sch, cch) = channels();
+            let listening = listener(&sch, PortSpace::Tcp, addr);
+            let client = connecting(&cch, PortSpace::Tcp, addr, &ConnParam::new());
 
             let mut req = expect_event(&sch, EventKind::ConnectRequest);
             assert_eq!(listening.unacked_events(), 1);

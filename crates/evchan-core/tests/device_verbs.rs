@@ -2,22 +2,24 @@
 //! (`cargo xtask vm --env EVCHAN_REQUIRE_DEVICE=1 -- target/debug/deps/device_verbs-… --test-threads=1`).
 //! Natively without a device they skip (or fail with `EVCHAN_REQUIRE_DEVICE=1`).
 
-mod verbs_support;
+mod support;
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use evchan_core::verbs::{
-    CompChannel, Cq, GidType, LinkLayer, Mr, Pd, PortState, Posted, Qp, QpCaps, QpState, RtsAttr,
-    WcOpcode, WcStatus, WorkCompletion, ACK_BATCH,
+    CompChannel, Cq, GidType, LinkLayer, Mr, PortState, Posted, QpCaps, QpState, RtsAttr, WcOpcode,
+    WcStatus, WorkCompletion, ACK_BATCH,
 };
-use verbs_support::{connect_pair, loopback_gid, within};
+use support::verbs::{loopback, open_device, rc_pair, rc_pair_with, recv, send, wait_for};
+use support::within;
 
 const SECOND: Duration = Duration::from_secs(1);
 
 #[test]
 fn device_list_ports_and_gids() {
-    let ctx = require_device!("device_list_ports_and_gids");
+    require_device!();
+    let ctx = open_device();
     assert!(!ctx.name().is_empty());
     let ports = ctx.ports().unwrap();
     assert!(!ports.is_empty());
@@ -33,7 +35,7 @@ fn device_list_ports_and_gids() {
     if ctx.name() == "rxe0" {
         assert!(gids
             .iter()
-            .any(|g| g.ipv4() == Some(verbs_support::VM_IPV4) && g.gid_type == GidType::RoceV2));
+            .any(|g| g.ipv4() == Some(support::VM_IPV4) && g.gid_type == GidType::RoceV2));
         let ll: std::net::Ipv6Addr = "fe80::ff:fe00:1".parse().unwrap();
         assert!(gids.iter().any(|g| g.ipv6() == ll));
     }
@@ -44,32 +46,17 @@ fn device_list_ports_and_gids() {
 /// A send and a receive through the safe owned-buffer posts, waited for on one CQ.
 #[test]
 fn one_cq_send_recv_event_driven() {
-    let ctx = require_device!("one_cq_send_recv_event_driven");
-    let gid = loopback_gid(&ctx);
-    let pd = Pd::new(&ctx).unwrap();
-    let ch = CompChannel::new(&ctx).unwrap();
+    require_device!();
+    let ctx = open_device();
+    let (gid, pd, ch) = loopback(&ctx);
     let cq = Cq::new(&ch, 16).unwrap();
-    let a = Qp::new_rc(&pd, &cq, &cq, QpCaps::default()).unwrap();
-    let b = Qp::new_rc(&pd, &cq, &cq, QpCaps::default()).unwrap();
-    connect_pair(&a, &b, &gid, RtsAttr::default());
+    let (a, b) = rc_pair(&gid, &pd, (&cq, &cq), (&cq, &cq));
     assert_eq!(a.state(), QpState::Rts);
 
-    let rx = b
-        .post_recv(pd.reg_mr(vec![0u8; 64]).unwrap(), 0..64)
-        .unwrap();
-    let tx = a
-        .post_send(
-            pd.reg_mr(b"hello, rxe".to_vec()).unwrap(),
-            0..10,
-            Some(0xfeed_beef),
-        )
-        .unwrap();
-    let mut wcs = Vec::new();
+    let rx = recv(&pd, &b, 64);
+    let tx = send(&pd, &a, b"hello, rxe".to_vec(), Some(0xfeed_beef));
     let start = Instant::now();
-    while wcs.len() < 2 {
-        let n = cq.wait(Some(10 * SECOND), |wc| wcs.push(wc)).unwrap();
-        assert!(n > 0, "no completion within 10 s");
-    }
+    let wcs = wait_for(&cq, 2, 10 * SECOND);
     eprintln!("2 completions in {:?}", start.elapsed());
     assert_eq!(wcs.len(), 2);
     let recv = *wcs.iter().find(|wc| rx.is_completed_by(wc)).unwrap();
@@ -94,27 +81,20 @@ fn one_cq_send_recv_event_driven() {
 /// their QP's queue names.
 #[test]
 fn four_cqs_on_one_channel() {
-    let ctx = require_device!("four_cqs_on_one_channel");
-    let gid = loopback_gid(&ctx);
-    let pd = Pd::new(&ctx).unwrap();
-    let ch = CompChannel::new(&ctx).unwrap();
+    require_device!();
+    let ctx = open_device();
+    let (gid, pd, ch) = loopback(&ctx);
     let cqs: Vec<Cq<'_>> = (0..4).map(|_| Cq::new(&ch, 64).unwrap()).collect();
     let refs: Vec<&Cq<'_>> = cqs.iter().collect();
     // a: sends on cq0, receives on cq1; b: sends on cq2, receives on cq3.
-    let a = Qp::new_rc(&pd, &cqs[0], &cqs[1], QpCaps::default()).unwrap();
-    let b = Qp::new_rc(&pd, &cqs[2], &cqs[3], QpCaps::default()).unwrap();
-    connect_pair(&a, &b, &gid, RtsAttr::default());
+    let (a, b) = rc_pair(&gid, &pd, (&cqs[0], &cqs[1]), (&cqs[2], &cqs[3]));
 
     // 1. get_cq_event by hand: a -> b raises events on cq0 (send) and cq3 (recv) only.
     for cq in &cqs {
         cq.req_notify(false).unwrap();
     }
-    let rx = b
-        .post_recv(pd.reg_mr(vec![0u8; 32]).unwrap(), 0..32)
-        .unwrap();
-    let tx = a
-        .post_send(pd.reg_mr(vec![1u8; 32]).unwrap(), 0..32, None)
-        .unwrap();
+    let rx = recv(&pd, &b, 32);
+    let tx = send(&pd, &a, vec![1u8; 32], None);
     let mut seen = Vec::new();
     while seen.len() < 2 {
         let ev = ch
@@ -143,13 +123,9 @@ fn four_cqs_on_one_channel() {
     let mut pending: HashMap<u64, Posted<'_, Vec<u8>>> = HashMap::new();
     for (qp, peer) in [(&a, &b), (&b, &a)] {
         for _ in 0..8 {
-            let r = peer
-                .post_recv(pd.reg_mr(vec![0u8; 32]).unwrap(), 0..32)
-                .unwrap();
+            let r = recv(&pd, peer, 32);
             pending.insert(r.wr_id(), r);
-            let s = qp
-                .post_send(pd.reg_mr(vec![2u8; 32]).unwrap(), 0..32, None)
-                .unwrap();
+            let s = send(&pd, qp, vec![2u8; 32], None);
             pending.insert(s.wr_id(), s);
         }
     }
@@ -195,7 +171,8 @@ fn four_cqs_on_one_channel() {
 /// polls and sleeps on the channel, and is woken by the events the sender's posts raise.
 #[test]
 fn hundred_thousand_completions_none_lost_none_twice() {
-    let ctx = require_device!("hundred_thousand_completions_none_lost_none_twice");
+    require_device!();
+    let ctx = open_device();
     let total: u32 = std::env::var("EVCHAN_COMPLETIONS")
         .ok()
         .and_then(|v| v.parse().ok())
@@ -205,10 +182,8 @@ fn hundred_thousand_completions_none_lost_none_twice() {
         .and_then(|v| v.parse().ok())
         .unwrap_or(32);
     const RECVS: usize = 256;
-    let gid = loopback_gid(&ctx);
-    let pd = Pd::new(&ctx).unwrap();
     // One channel per waiting thread (an event read by one waiter is not seen by another).
-    let send_ch = CompChannel::new(&ctx).unwrap();
+    let (gid, pd, send_ch) = loopback(&ctx);
     let recv_ch = CompChannel::new(&ctx).unwrap();
     let send_cq = Cq::new(&send_ch, 1024).unwrap();
     let recv_cq = Cq::new(&recv_ch, 1024).unwrap();
@@ -217,13 +192,18 @@ fn hundred_thousand_completions_none_lost_none_twice() {
         max_recv_wr: 512,
         ..QpCaps::default()
     };
-    let a = Qp::new_rc(&pd, &send_cq, &send_cq, caps).unwrap();
-    let b = Qp::new_rc(&pd, &recv_cq, &recv_cq, caps).unwrap();
-    connect_pair(&a, &b, &gid, RtsAttr::default());
+    let (a, b) = rc_pair_with(
+        &gid,
+        &pd,
+        (&send_cq, &send_cq),
+        (&recv_cq, &recv_cq),
+        caps,
+        RtsAttr::default(),
+    );
 
     let mut recvs: HashMap<u64, Posted<'_, Vec<u8>>> = HashMap::new();
     for _ in 0..RECVS {
-        let r = b.post_recv(pd.reg_mr(vec![0u8; 8]).unwrap(), 0..8).unwrap();
+        let r = recv(&pd, &b, 8);
         recvs.insert(r.wr_id(), r);
     }
     let start = Instant::now();
@@ -316,23 +296,17 @@ fn hundred_thousand_completions_none_lost_none_twice() {
 /// raises the event.
 #[test]
 fn solicited_only_arming() {
-    let ctx = require_device!("solicited_only_arming");
-    let gid = loopback_gid(&ctx);
-    let pd = Pd::new(&ctx).unwrap();
-    let ch = CompChannel::new(&ctx).unwrap();
+    require_device!();
+    let ctx = open_device();
+    let (gid, pd, ch) = loopback(&ctx);
     let (send_cq, recv_cq) = (Cq::new(&ch, 16).unwrap(), Cq::new(&ch, 16).unwrap());
-    let a = Qp::new_rc(&pd, &send_cq, &send_cq, QpCaps::default()).unwrap();
-    let b = Qp::new_rc(&pd, &recv_cq, &recv_cq, QpCaps::default()).unwrap();
-    connect_pair(&a, &b, &gid, RtsAttr::default());
+    let (a, b) = rc_pair(&gid, &pd, (&send_cq, &send_cq), (&recv_cq, &recv_cq));
     let mut posted = Vec::new();
     for _ in 0..2 {
-        posted.push(b.post_recv(pd.reg_mr(vec![0u8; 8]).unwrap(), 0..8).unwrap());
+        posted.push(recv(&pd, &b, 8));
     }
     recv_cq.req_notify(true).unwrap();
-    posted.push(
-        a.post_send(pd.reg_mr(vec![1u8; 8]).unwrap(), 0..8, None)
-            .unwrap(),
-    );
+    posted.push(send(&pd, &a, vec![1u8; 8], None));
     let quiet = ch
         .get_cq_event_timeout(&[&send_cq, &recv_cq], Duration::from_millis(500))
         .unwrap();
@@ -367,14 +341,11 @@ fn solicited_only_arming() {
 /// Acks are counted per CQ and flushed with one ibv_ack_cq_events call at ACK_BATCH.
 #[test]
 fn acks_are_batched_and_flushed_at_the_threshold() {
-    let ctx = require_device!("acks_are_batched_and_flushed_at_the_threshold");
-    let gid = loopback_gid(&ctx);
-    let pd = Pd::new(&ctx).unwrap();
-    let ch = CompChannel::new(&ctx).unwrap();
+    require_device!();
+    let ctx = open_device();
+    let (gid, pd, ch) = loopback(&ctx);
     let cq = Cq::new(&ch, 16).unwrap();
-    let a = Qp::new_rc(&pd, &cq, &cq, QpCaps::default()).unwrap();
-    let b = Qp::new_rc(&pd, &cq, &cq, QpCaps::default()).unwrap();
-    connect_pair(&a, &b, &gid, RtsAttr::default());
+    let (a, b) = rc_pair(&gid, &pd, (&cq, &cq), (&cq, &cq));
     let (mut rx_mr, mut tx_mr) = (
         Some(pd.reg_mr(vec![0u8; 8]).unwrap()),
         Some(pd.reg_mr(vec![0u8; 8]).unwrap()),
@@ -424,25 +395,17 @@ fn acks_are_batched_and_flushed_at_the_threshold() {
 /// send to a QP that was destroyed.
 #[test]
 fn completion_errors_are_typed() {
-    let ctx = require_device!("completion_errors_are_typed");
-    let gid = loopback_gid(&ctx);
-    let pd = Pd::new(&ctx).unwrap();
-    let ch = CompChannel::new(&ctx).unwrap();
+    require_device!();
+    let ctx = open_device();
+    let (gid, pd, ch) = loopback(&ctx);
     let cq = Cq::new(&ch, 64).unwrap();
 
     // Receive buffer too small: 8 bytes posted, 64 sent.
     {
-        let a = Qp::new_rc(&pd, &cq, &cq, QpCaps::default()).unwrap();
-        let b = Qp::new_rc(&pd, &cq, &cq, QpCaps::default()).unwrap();
-        connect_pair(&a, &b, &gid, RtsAttr::default());
-        let rx = b.post_recv(pd.reg_mr(vec![0u8; 8]).unwrap(), 0..8).unwrap();
-        let tx = a
-            .post_send(pd.reg_mr(vec![7u8; 64]).unwrap(), 0..64, None)
-            .unwrap();
-        let mut wcs = Vec::new();
-        while wcs.len() < 2 {
-            assert!(cq.wait(Some(20 * SECOND), |wc| wcs.push(wc)).unwrap() > 0);
-        }
+        let (a, b) = rc_pair(&gid, &pd, (&cq, &cq), (&cq, &cq));
+        let rx = recv(&pd, &b, 8);
+        let tx = send(&pd, &a, vec![7u8; 64], None);
+        let wcs = wait_for(&cq, 2, 20 * SECOND);
         let recv = wcs.iter().find(|wc| rx.is_completed_by(wc)).unwrap();
         let send = wcs.iter().find(|wc| tx.is_completed_by(wc)).unwrap();
         eprintln!(
@@ -465,20 +428,23 @@ fn completion_errors_are_typed() {
 
     // Send to a destroyed QP: no answer, retries exhausted.
     {
-        let a = Qp::new_rc(&pd, &cq, &cq, QpCaps::default()).unwrap();
-        let b = Qp::new_rc(&pd, &cq, &cq, QpCaps::default()).unwrap();
         let fast_fail = RtsAttr {
             timeout: 8, // 4.096 µs × 2^8 ≈ 1 ms
             retry_cnt: 1,
             rnr_retry: 1,
             ..RtsAttr::default()
         };
-        connect_pair(&a, &b, &gid, fast_fail);
+        let (a, b) = rc_pair_with(
+            &gid,
+            &pd,
+            (&cq, &cq),
+            (&cq, &cq),
+            QpCaps::default(),
+            fast_fail,
+        );
         drop(b);
-        let rx = a.post_recv(pd.reg_mr(vec![0u8; 8]).unwrap(), 0..8).unwrap();
-        let tx = a
-            .post_send(pd.reg_mr(vec![7u8; 16]).unwrap(), 0..16, None)
-            .unwrap();
+        let rx = recv(&pd, &a, 8);
+        let tx = send(&pd, &a, vec![7u8; 16], None);
         let mut wcs = Vec::new();
         let start = Instant::now();
         while !wcs.iter().any(|wc| tx.is_completed_by(wc)) {
@@ -519,32 +485,24 @@ fn completion_errors_are_typed() {
 /// batch, dropping (or destroying) the CQ must flush them first and never hang.
 #[test]
 fn destroy_cq_with_pending_acks_never_hangs() {
-    let ctx = require_device!("destroy_cq_with_pending_acks_never_hangs");
-    let gid = loopback_gid(&ctx);
-    let pd = Pd::new(&ctx).unwrap();
-    let ch = CompChannel::new(&ctx).unwrap();
+    require_device!();
+    let ctx = open_device();
+    let (gid, pd, ch) = loopback(&ctx);
     for explicit in [false, true] {
         let cq = Cq::new(&ch, 64).unwrap();
         {
-            let a = Qp::new_rc(&pd, &cq, &cq, QpCaps::default()).unwrap();
-            let b = Qp::new_rc(&pd, &cq, &cq, QpCaps::default()).unwrap();
-            connect_pair(&a, &b, &gid, RtsAttr::default());
+            let (a, b) = rc_pair(&gid, &pd, (&cq, &cq), (&cq, &cq));
             // A few events, each read and acked into the batch (fewer than ACK_BATCH).
             for _ in 0..3 {
-                let rx = b.post_recv(pd.reg_mr(vec![0u8; 8]).unwrap(), 0..8).unwrap();
+                let rx = recv(&pd, &b, 8);
                 cq.req_notify(false).unwrap();
-                let tx = a
-                    .post_send(pd.reg_mr(vec![0u8; 8]).unwrap(), 0..8, None)
-                    .unwrap();
+                let tx = send(&pd, &a, vec![0u8; 8], None);
                 let ev = ch
                     .get_cq_event_timeout(&[&cq], 10 * SECOND)
                     .unwrap()
                     .unwrap();
                 ev.ack();
-                let mut wcs = Vec::new();
-                while wcs.len() < 2 {
-                    cq.wait(Some(10 * SECOND), |wc| wcs.push(wc)).unwrap();
-                }
+                let wcs = wait_for(&cq, 2, 10 * SECOND);
                 let _ = rx.complete(&wcs[0]).or_else(|rx| rx.complete(&wcs[1]));
                 let _ = tx.complete(&wcs[0]).or_else(|tx| tx.complete(&wcs[1]));
             }
@@ -574,20 +532,15 @@ fn destroy_cq_with_pending_acks_never_hangs() {
 /// that had CQs with events read and acks pending is destroyed without error.
 #[test]
 fn destroy_comp_channel_never_ebusy() {
-    let ctx = require_device!("destroy_comp_channel_never_ebusy");
-    let gid = loopback_gid(&ctx);
-    let pd = Pd::new(&ctx).unwrap();
-    let ch = CompChannel::new(&ctx).unwrap();
+    require_device!();
+    let ctx = open_device();
+    let (gid, pd, ch) = loopback(&ctx);
     {
         let cqs: Vec<Cq<'_>> = (0..4).map(|_| Cq::new(&ch, 16).unwrap()).collect();
-        let a = Qp::new_rc(&pd, &cqs[0], &cqs[1], QpCaps::default()).unwrap();
-        let b = Qp::new_rc(&pd, &cqs[2], &cqs[3], QpCaps::default()).unwrap();
-        connect_pair(&a, &b, &gid, RtsAttr::default());
+        let (a, b) = rc_pair(&gid, &pd, (&cqs[0], &cqs[1]), (&cqs[2], &cqs[3]));
         let refs: Vec<&Cq<'_>> = cqs.iter().collect();
-        let rx = b.post_recv(pd.reg_mr(vec![0u8; 8]).unwrap(), 0..8).unwrap();
-        let tx = a
-            .post_send(pd.reg_mr(vec![0u8; 8]).unwrap(), 0..8, None)
-            .unwrap();
+        let rx = recv(&pd, &b, 8);
+        let tx = send(&pd, &a, vec![0u8; 8], None);
         let mut wcs = Vec::new();
         while wcs.len() < 2 {
             ch.wait(&refs, Some(10 * SECOND), |_, wc| wcs.push(wc))
@@ -604,19 +557,14 @@ fn destroy_comp_channel_never_ebusy() {
 /// An event for a CQ that is not in the list given is acked and reported, never leaked.
 #[test]
 fn unlisted_cq_event_is_acked_and_reported() {
-    let ctx = require_device!("unlisted_cq_event_is_acked_and_reported");
-    let gid = loopback_gid(&ctx);
-    let pd = Pd::new(&ctx).unwrap();
-    let ch = CompChannel::new(&ctx).unwrap();
+    require_device!();
+    let ctx = open_device();
+    let (gid, pd, ch) = loopback(&ctx);
     let (c0, c1) = (Cq::new(&ch, 16).unwrap(), Cq::new(&ch, 16).unwrap());
-    let a = Qp::new_rc(&pd, &c1, &c1, QpCaps::default()).unwrap();
-    let b = Qp::new_rc(&pd, &c1, &c1, QpCaps::default()).unwrap();
-    connect_pair(&a, &b, &gid, RtsAttr::default());
+    let (a, b) = rc_pair(&gid, &pd, (&c1, &c1), (&c1, &c1));
     c1.req_notify(false).unwrap();
-    let rx = b.post_recv(pd.reg_mr(vec![0u8; 8]).unwrap(), 0..8).unwrap();
-    let tx = a
-        .post_send(pd.reg_mr(vec![0u8; 8]).unwrap(), 0..8, None)
-        .unwrap();
+    let rx = recv(&pd, &b, 8);
+    let tx = send(&pd, &a, vec![0u8; 8], None);
     evchan_sys::fd::poll_readable(ch.fd(), Some(10 * SECOND)).unwrap();
     match ch.get_cq_event(&[&c0]) {
         Err(evchan_core::verbs::Error::UnlistedCq(id)) => assert_eq!(id, c1.id()),

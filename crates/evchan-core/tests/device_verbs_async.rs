@@ -1,13 +1,15 @@
 //! Device test of async events: a port state change, made by bringing the VM's `dummy0` (the
 //! netdev under rxe0) down and up again. Run it in the soft-RoCE VM only: it changes the link.
 
-mod verbs_support;
+mod support;
 
 use std::os::fd::AsFd;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
 use evchan_core::verbs::{AsyncElement, AsyncEventKind, Context, PortState};
+use support::verbs::{connect_qps, loopback, open_device, recv};
+use support::within;
 
 fn ip_link(state: &str) {
     let st = Command::new("ip")
@@ -47,18 +49,15 @@ fn expect_event(ctx: &Context, kind: AsyncEventKind, limit: Duration) -> AsyncEl
 
 #[test]
 fn port_state_change_is_an_async_event() {
-    let ctx = require_device!("port_state_change_is_an_async_event");
+    require_device!();
+    let ctx = open_device();
     if ctx.name() != "rxe0"
         || Command::new("ip")
-            .args(["link", "show", "dummy0"])
+            .args(["link", "show", support::VM_IF])
             .output()
             .map_or(true, |o| !o.status.success())
     {
-        assert!(
-            !verbs_support::device_required(),
-            "needs the VM's rxe0 on dummy0"
-        );
-        eprintln!("skipping port_state_change_is_an_async_event: needs the VM's rxe0 on dummy0");
+        support::skip("needs the VM's rxe0 on dummy0");
         return;
     }
     // The async fd is non-blocking: nothing pending now.
@@ -102,15 +101,14 @@ fn port_state_change_is_an_async_event() {
 /// dropping the CQ afterwards cannot hang, even with the guard still alive.
 #[test]
 fn cq_overrun_is_a_cq_err_async_event() {
-    use evchan_core::verbs::{CompChannel, Cq, Pd, Qp, QpCaps, RtsAttr};
+    use evchan_core::verbs::{Cq, Qp, QpCaps, RtsAttr};
 
-    let ctx = require_device!("cq_overrun_is_a_cq_err_async_event");
+    require_device!();
+    let ctx = open_device();
     while let Some(ev) = ctx.try_get_async_event().unwrap() {
         eprintln!("(earlier event: {ev:?})");
     }
-    let gid = verbs_support::loopback_gid(&ctx);
-    let pd = Pd::new(&ctx).unwrap();
-    let ch = CompChannel::new(&ctx).unwrap();
+    let (gid, pd, ch) = loopback(&ctx);
     let recv_cq = Cq::new(&ch, 256).unwrap();
     let small = Cq::new(&ch, 1).unwrap();
     let capacity = small.capacity();
@@ -121,12 +119,13 @@ fn cq_overrun_is_a_cq_err_async_event() {
         max_recv_wr: overflow + 4,
         ..QpCaps::default()
     };
+    // Not `rc_pair`: `a` and its CQ are dropped below while `b` lives.
     let a = Qp::new_rc(&pd, &small, &small, caps).unwrap();
     let b = Qp::new_rc(&pd, &recv_cq, &recv_cq, caps).unwrap();
-    verbs_support::connect_pair(&a, &b, &gid, RtsAttr::default());
+    connect_qps(&a, &b, &gid, RtsAttr::default());
     let mut posted = Vec::new();
     for _ in 0..overflow {
-        posted.push(b.post_recv(pd.reg_mr(vec![0u8; 8]).unwrap(), 0..8).unwrap());
+        posted.push(recv(&pd, &b, 8));
     }
     for _ in 0..overflow {
         match a.post_send(pd.reg_mr(vec![0u8; 8]).unwrap(), 0..8, None) {
@@ -154,8 +153,8 @@ fn cq_overrun_is_a_cq_err_async_event() {
     };
     assert_eq!(element.0, AsyncElement::Cq(small.id()));
     drop(posted);
-    verbs_support::within(Duration::from_secs(20), "destroying the QP", || drop(a));
-    verbs_support::within(Duration::from_secs(20), "destroying the overrun CQ", || {
+    within(Duration::from_secs(20), "destroying the QP", || drop(a));
+    within(Duration::from_secs(20), "destroying the overrun CQ", || {
         drop(small);
     });
     element.1.ack();
