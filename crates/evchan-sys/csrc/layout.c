@@ -154,6 +154,13 @@ static const struct evchan_layout_entry evchan_layout[] = {
 	SF(ibv_async_event, element.port_num),
 	SF(ibv_async_event, event_type),
 
+	S(ibv_gid_entry),
+	SF(ibv_gid_entry, gid),
+	SF(ibv_gid_entry, gid_index),
+	SF(ibv_gid_entry, port_num),
+	SF(ibv_gid_entry, gid_type),
+	SF(ibv_gid_entry, ndev_ifindex),
+
 	S(ibv_pd),
 	SF(ibv_pd, context),
 	SF(ibv_pd, handle),

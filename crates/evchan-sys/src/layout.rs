@@ -335,6 +335,7 @@ pub fn rust_layout() -> Vec<Entry> {
             element, element.cq, element.qp, element.srq, element.wq, element.port_num,
             event_type,
         }
+        ibv_gid_entry { gid, gid_index, port_num, gid_type, ndev_ifindex }
         ibv_pd { context, handle }
         ibv_mr { context, pd, addr, length, handle, lkey, rkey }
         ibv_comp_channel { context, fd, refcnt }

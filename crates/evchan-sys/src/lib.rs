@@ -21,6 +21,25 @@ pub use rdma_sys::*;
 pub mod fd;
 pub mod layout;
 
+extern "C" {
+    /// `_ibv_query_gid_ex`: one GID table entry (`struct ibv_gid_entry`) of a port.
+    ///
+    /// libibverbs exports it since 1.11 (rdma-core 31); `<infiniband/verbs.h>` wraps it in the
+    /// inline `ibv_query_gid_ex(context, port_num, gid_index, entry, flags)`, which passes
+    /// `sizeof(*entry)` as `entry_size`. rdma-sys binds neither, so it is declared here.
+    ///
+    /// # References
+    /// `ibv_query_gid_ex(3)`.
+    pub fn _ibv_query_gid_ex(
+        context: *mut ibv_context,
+        port_num: u32,
+        gid_index: u32,
+        entry: *mut ibv_gid_entry,
+        flags: u32,
+        entry_size: usize,
+    ) -> libc::c_int;
+}
+
 /// `ENODEV` as librdmacm reports it when the machine has no RDMA device.
 pub const ENODEV: i32 = libc::ENODEV;
 

@@ -123,19 +123,6 @@ pub(crate) struct RawGid {
     pub(crate) ndev_ifindex: u32,
 }
 
-// rdma-core exports this since libibverbs 1.11 (rdma-core 31); the header wraps it in the inline
-// `ibv_query_gid_ex`, which rdma-sys does not bind.
-extern "C" {
-    fn _ibv_query_gid_ex(
-        context: *mut sys::ibv_context,
-        port_num: u32,
-        gid_index: u32,
-        entry: *mut sys::ibv_gid_entry,
-        flags: u32,
-        entry_size: usize,
-    ) -> c_int;
-}
-
 /// A device context: `ibv_open_device` / `ibv_close_device`, or librdmacm's context of an
 /// rdma_cm id's device, held open by a `rdma_get_devices` list (see the module docs).
 #[derive(Debug)]
@@ -247,7 +234,7 @@ impl Context {
         let mut entry = MaybeUninit::<sys::ibv_gid_entry>::zeroed();
         // SAFETY: live context; `entry` is a valid out-pointer whose size we pass.
         let ret = unsafe {
-            _ibv_query_gid_ex(
+            sys::_ibv_query_gid_ex(
                 self.ptr.as_ptr(),
                 u32::from(port),
                 index,
