@@ -31,6 +31,7 @@ tasks:
                         variables of the caller are passed on by themselves
       --timeout SECS    kill the VM(s) after SECS (default 1200) and fail with the console's tail
       -v, --verbose     print the guest's boot console too
+                        (EVCHAN_VM_SMP=N sets the vCPUs per guest: 2 alone, 1 each of two)
   test [--vm]           fmt, clippy, docs, native tests, then the device tests in the VM with
                         EVCHAN_REQUIRE_DEVICE=1 (natively instead when this host has an ACTIVE
                         RDMA port, unless --vm); ends with `N passed, N failed`

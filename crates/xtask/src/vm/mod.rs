@@ -365,7 +365,11 @@ impl Vm {
 fn qemu(kernel: &Kernel, initrd: &Path, share: &Path, role: &str) -> Command {
     let mut cmd = Command::new("setpriv");
     cmd.args(["--pdeathsig", "KILL", "--", "qemu-system-x86_64"]);
-    cmd.args(["-accel", "tcg", "-cpu", "max", "-smp", "2", "-m", "1024"]);
+    // One vCPU per guest when two guests share the host's cores; two for a lone guest.
+    let smp = std::env::var("EVCHAN_VM_SMP")
+        .ok()
+        .unwrap_or_else(|| if role == "single" { "2" } else { "1" }.to_owned());
+    cmd.args(["-accel", "tcg", "-cpu", "max", "-smp", &smp, "-m", "1024"]);
     cmd.args([
         "-nodefaults",
         "-no-user-config",
