@@ -4,7 +4,7 @@ use std::fmt;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use evchan_sys::fd as sysfd;
 
@@ -174,16 +174,17 @@ impl EventChannel {
     /// The OS error of the poll or the read.
     #[doc(alias = "rdma_get_cm_event")]
     pub fn get_event_timeout(&self, timeout: Duration) -> Result<Option<Event<'_>>> {
-        let deadline = Instant::now() + timeout;
+        // No deadline (a timeout past what `Instant` represents, e.g. `Duration::MAX`): forever.
+        let deadline = sysfd::deadline_after(timeout);
         loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            if !self.poll(Some(left))? {
+            let left = sysfd::time_left(deadline);
+            if !self.poll(left)? {
                 return Ok(None);
             }
             if let Some(ev) = self.read()? {
                 return Ok(Some(ev));
             }
-            if left.is_zero() {
+            if left.is_some_and(|l| l.is_zero()) {
                 return Ok(None);
             }
         }

@@ -44,14 +44,15 @@ pub fn set_nonblocking(fd: BorrowedFd<'_>, nonblocking: bool) -> io::Result<()> 
 
 /// Waits until `fd` is readable, or the timeout passes (`poll(2)` on `POLLIN`).
 ///
-/// `None` waits forever. Returns `Ok(true)` when readable (or in error/hang-up state, so that the
+/// `None` waits forever, and so does a timeout too long for [`Instant`] to represent (e.g.
+/// [`Duration::MAX`]). Returns `Ok(true)` when readable (or in error/hang-up state, so that the
 /// following read reports the error), `Ok(false)` on timeout. `EINTR` is retried with the time
 /// that is left, so a signal never shortens nor lengthens the wait.
 ///
 /// # Errors
 /// The `poll` error other than `EINTR`.
 pub fn poll_readable(fd: BorrowedFd<'_>, timeout: Option<Duration>) -> io::Result<bool> {
-    let deadline = timeout.map(|t| Instant::now() + t);
+    let deadline = timeout.and_then(deadline_after);
     loop {
         let ms = match deadline {
             None => -1,
@@ -75,6 +76,20 @@ pub fn poll_readable(fd: BorrowedFd<'_>, timeout: Option<Duration>) -> io::Resul
             }
         }
     }
+}
+
+/// The instant `timeout` from now, or `None` when that lies beyond what [`Instant`] can
+/// represent (`Instant + Duration` would panic): a wait that long is a wait forever.
+#[must_use]
+pub fn deadline_after(timeout: Duration) -> Option<Instant> {
+    Instant::now().checked_add(timeout)
+}
+
+/// The time left until `deadline` (zero once it has passed); `None` (wait forever) for no
+/// deadline, as [`deadline_after`] returns for a timeout too long to represent.
+#[must_use]
+pub fn time_left(deadline: Option<Instant>) -> Option<Duration> {
+    deadline.map(|d| d.saturating_duration_since(Instant::now()))
 }
 
 /// Milliseconds from now until `deadline`, rounded up so that a wait never ends early, capped to
@@ -136,6 +151,21 @@ mod tests {
         let (a, b) = UnixStream::pair().unwrap();
         drop(b);
         assert!(poll_readable(a.as_fd(), Some(Duration::from_millis(10))).unwrap());
+    }
+
+    #[test]
+    fn huge_timeouts_wait_forever_instead_of_panicking() {
+        // `Instant::now() + Duration::MAX` panics; such a timeout must mean "forever".
+        assert_eq!(deadline_after(Duration::MAX), None);
+        assert_eq!(time_left(None), None);
+        assert!(deadline_after(Duration::from_secs(1)).is_some());
+        assert_eq!(
+            time_left(Some(Instant::now() - Duration::from_millis(1))),
+            Some(Duration::ZERO)
+        );
+        let (a, mut b) = UnixStream::pair().unwrap();
+        b.write_all(b"x").unwrap();
+        assert!(poll_readable(a.as_fd(), Some(Duration::MAX)).unwrap());
     }
 
     #[test]

@@ -76,7 +76,11 @@ pub fn cvt(ret: libc::c_int) -> std::io::Result<libc::c_int> {
 pub fn cvt_errno(ret: libc::c_int) -> std::io::Result<()> {
     match ret {
         0 => Ok(()),
-        e => Err(std::io::Error::from_raw_os_error(e.abs())),
+        // `unsigned_abs`: `abs` of `c_int::MIN` would overflow (a panic in debug builds);
+        // no errno is that large, so it becomes EINVAL.
+        e => Err(std::io::Error::from_raw_os_error(
+            libc::c_int::try_from(e.unsigned_abs()).unwrap_or(libc::EINVAL),
+        )),
     }
 }
 
@@ -103,6 +107,10 @@ mod tests {
         assert_eq!(
             cvt_errno(-libc::EBUSY).unwrap_err().raw_os_error(),
             Some(libc::EBUSY)
+        );
+        assert_eq!(
+            cvt_errno(libc::c_int::MIN).unwrap_err().raw_os_error(),
+            Some(libc::EINVAL)
         );
     }
 }

@@ -37,6 +37,10 @@ use crate::error::Error;
 /// # Ok(())
 /// # }
 /// ```
+///
+/// # References
+/// `rdma_create_id(3)`, `rdma_get_cm_event(3)`, `rdma_cm(7)`.
+#[doc(alias = "rdma_cm_id")]
 #[derive(Debug)]
 pub struct AnyId<'ch> {
     pub(crate) inner: Inner<'ch>,

@@ -1,9 +1,9 @@
 //! Async device events.
 
 use std::fmt;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use evchan_sys::fd::poll_readable;
+use evchan_sys::fd::{deadline_after, poll_readable, time_left};
 
 use crate::ffi::verbs::{self as ffi, RawElement};
 
@@ -214,13 +214,14 @@ impl Context {
     /// As [`get_async_event`](Self::get_async_event).
     #[doc(alias = "ibv_get_async_event")]
     pub fn get_async_event_timeout(&self, timeout: Duration) -> Result<Option<AsyncEvent<'_>>> {
-        let deadline = Instant::now() + timeout;
+        // No deadline (a timeout past what `Instant` represents, e.g. `Duration::MAX`): forever.
+        let deadline = deadline_after(timeout);
         loop {
             if let Some(ev) = self.try_get_async_event()? {
                 return Ok(Some(ev));
             }
-            let left = deadline.saturating_duration_since(Instant::now());
-            if !poll_readable(self.async_fd(), Some(left)).map_err(Error::io("poll"))? {
+            let left = time_left(deadline);
+            if !poll_readable(self.async_fd(), left).map_err(Error::io("poll"))? {
                 return Ok(None);
             }
         }

@@ -24,6 +24,9 @@ use super::{
 /// A device context (`struct ibv_context`) borrowed from the rdma_cm id that holds it
 /// ([`CmId::verbs`]): its name and identity. To create objects on it, take the owned
 /// [`Context`] of the id with [`CmId::context`].
+///
+/// # References
+/// `rdma_cm(7)` (`struct rdma_cm_id`'s `verbs`), `ibv_get_device_name(3)`.
 #[doc(alias = "ibv_context")]
 #[derive(Clone, Copy)]
 pub struct ContextRef<'a> {
@@ -61,6 +64,9 @@ impl Eq for ContextRef<'_> {}
 
 /// A protection domain (`struct ibv_pd`) borrowed from the rdma_cm id that holds it
 /// ([`CmId::pd`]).
+///
+/// # References
+/// `rdma_cm(7)` (`struct rdma_cm_id`'s `pd`), `ibv_alloc_pd(3)`.
 #[doc(alias = "ibv_pd")]
 #[derive(Clone, Copy)]
 pub struct PdRef<'a> {
@@ -241,7 +247,10 @@ impl<'ch, S: State> CmId<'ch, S> {
     /// panic unwinds; the compiler insists.
     ///
     /// # Errors
-    /// The OS error: `EINVAL` when the id already has a QP or `pd` is of another device.
+    /// The OS error: `EINVAL` when the id already has a QP, `pd` is of another device context
+    /// than the id's (use the [`Context`] from [`CmId::context`]), or the CQs are of another
+    /// device context than `pd` (checked before the call: the kernel would look their handles
+    /// up among `pd`'s context's objects and could bind the QP to some other CQ).
     ///
     /// # Example
     ///
@@ -300,8 +309,10 @@ impl<'ch, S: State> CmId<'ch, S> {
     ///
     /// # Errors
     /// [`PostError`], with the region: the id has no QP from
-    /// [`create_qp_with`](Self::create_qp_with), the range is outside the region, or the
-    /// `ibv_post_send` error (`EINVAL` before the connection is established).
+    /// [`create_qp_with`](Self::create_qp_with), the id is of the UDP port space (its QP is
+    /// UD, whose sends need an address handle, not supported yet; refused before the call),
+    /// the range is outside the region, or the `ibv_post_send` error (`EINVAL` before the
+    /// connection is established).
     #[doc(alias = "ibv_post_send")]
     pub fn post_send<'pd, B: MrBuffer + 'static>(
         &self,
@@ -354,8 +365,8 @@ impl<'ch, S: State> CmId<'ch, S> {
     /// QP); `wr_id` does not have its top bit set.
     ///
     /// # Errors
-    /// [`Error::Io`]: no QP from [`create_qp_with`](Self::create_qp_with), or the
-    /// `ibv_post_send` error.
+    /// [`Error::Io`]: no QP from [`create_qp_with`](Self::create_qp_with), a UD QP (as for
+    /// [`post_send`](Self::post_send)), or the `ibv_post_send` error.
     #[doc(alias = "ibv_post_send")]
     // A forwarding `unsafe fn` like `Qp::post_send_raw`: its contract is ffi's.
     #[allow(unsafe_code)]

@@ -2,9 +2,9 @@
 
 use std::fmt;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use evchan_sys::fd::poll_readable;
+use evchan_sys::fd::{deadline_after, poll_readable, time_left};
 
 use crate::ffi::verbs as ffi;
 
@@ -117,13 +117,14 @@ impl<'ctx> CompChannel<'ctx> {
         cqs: &[&'cq Cq<'_>],
         timeout: Duration,
     ) -> Result<Option<CqEvent<'cq>>> {
-        let deadline = Instant::now() + timeout;
+        // No deadline (a timeout past what `Instant` represents, e.g. `Duration::MAX`): forever.
+        let deadline = deadline_after(timeout);
         loop {
             if let Some(ev) = self.try_get_cq_event(cqs)? {
                 return Ok(Some(ev));
             }
-            let left = deadline.saturating_duration_since(Instant::now());
-            if !poll_readable(self.fd(), Some(left)).map_err(Error::io("poll"))? {
+            let left = time_left(deadline);
+            if !poll_readable(self.fd(), left).map_err(Error::io("poll"))? {
                 return Ok(None);
             }
         }
@@ -158,7 +159,8 @@ impl<'ctx> CompChannel<'ctx> {
         timeout: Option<Duration>,
         mut on_wc: impl FnMut(usize, WorkCompletion),
     ) -> Result<usize> {
-        let deadline = timeout.map(|t| Instant::now() + t);
+        // A timeout past what `Instant` represents (e.g. `Duration::MAX`) waits forever.
+        let deadline = timeout.and_then(deadline_after);
         let mut buf = [ffi::RawWc::default(); ffi::POLL_BATCH];
         loop {
             let n = drain(cqs, &mut buf, &mut on_wc)?;
@@ -172,7 +174,7 @@ impl<'ctx> CompChannel<'ctx> {
             if n > 0 {
                 return Ok(n);
             }
-            let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
+            let left = time_left(deadline);
             if !poll_readable(self.fd(), left).map_err(Error::io("poll"))? {
                 return Ok(0);
             }

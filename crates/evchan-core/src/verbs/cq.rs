@@ -32,7 +32,8 @@ impl CqId {
 ///
 /// Dropping the CQ first acks every event counted for it (`ibv_ack_cq_events`), then calls
 /// `ibv_destroy_cq`, which therefore never waits for an ack: a [`CqEvent`] borrows its CQ and
-/// so cannot be alive at that point.
+/// so cannot be alive at that point, and the event of one leaked with [`std::mem::forget`] is
+/// acked by the CQ.
 ///
 /// # Example
 ///
@@ -215,7 +216,8 @@ impl fmt::Debug for Cq<'_> {
 ///
 /// The ack is counted into the CQ's batch (`ibv_ack_cq_events` with a count at [`ACK_BATCH`])
 /// and flushed before the CQ is destroyed. The event cannot outlive its CQ, and cannot be
-/// acked twice (`ack` takes `self`).
+/// acked twice (`ack` takes `self`). Leaking it ([`std::mem::forget`]) does not make the CQ's
+/// destroy hang: the CQ acks it then.
 ///
 /// An event only says the CQ had a completion after it was armed: poll the CQ, and re-arm it
 /// before waiting again.
@@ -253,6 +255,9 @@ pub struct CqEvent<'cq> {
 
 impl<'cq> CqEvent<'cq> {
     pub(super) fn new(cq: &'cq Cq<'_>, index: usize, ack: ffi::CqEventAck) -> Self {
+        // Counted as held until the drop, so that the CQ acks it itself should this guard be
+        // leaked (`mem::forget`): `ibv_destroy_cq` would otherwise wait for that ack forever.
+        cq.raw.hold();
         CqEvent {
             cq,
             index,
@@ -284,6 +289,7 @@ impl Drop for CqEvent<'_> {
             // `defer` gives the event back only for a different CQ, and `new` pairs the event
             // with the CQ whose token it carries; dropping it then acks it at once.
             let _ = ack.defer(&self.cq.raw);
+            self.cq.raw.release();
         }
     }
 }

@@ -223,7 +223,10 @@ impl<'res> Qp<'res> {
     /// `recv_cq` (which may be the same CQ). Sends are signaled unless asked otherwise.
     ///
     /// # Errors
-    /// [`Error::Io`] with the `ibv_create_qp` error (e.g. `EINVAL` for caps past the device's).
+    /// [`Error::InvalidArgument`] when the PD and the CQs are not all of one
+    /// [`Context`](super::Context) (each is its own open of a device, with its own kernel
+    /// handles; the call is not made); [`Error::Io`] with the `ibv_create_qp` error (e.g.
+    /// `EINVAL` for caps past the device's).
     #[doc(alias = "ibv_create_qp")]
     pub fn new_rc(
         pd: &'res Pd<'_>,
@@ -233,6 +236,11 @@ impl<'res> Qp<'res> {
     ) -> Result<Self> {
         // The same capacities an rdma_cm id's QP gets from these caps.
         let caps = QpInit::from(caps).caps();
+        if !ffi::same_context(&pd.raw, &send_cq.raw, &recv_cq.raw) {
+            return Err(Error::InvalidArgument(
+                "the PD and the CQs belong to different device contexts (make them on one `Context`)",
+            ));
+        }
         Ok(Qp {
             raw: ffi::Qp::new(&pd.raw, &send_cq.raw, &recv_cq.raw, QPT_RC, caps)
                 .map_err(Error::io("ibv_create_qp"))?,

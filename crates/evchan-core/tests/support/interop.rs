@@ -95,17 +95,25 @@ pub fn connect_all<'ch>(
                 .unwrap()
         })
         .collect();
+    // Each step starts only once every id has finished the one before: started from inside
+    // `gather`, an early id's next event (ROUTE_RESOLVED, ESTABLISHED) could arrive while a
+    // later id's event of this step is still awaited.
     let ids = gather(ch, ids, "ADDR_RESOLVED", |id, ev| {
-        id.addr_resolved(ev)
-            .unwrap()
-            .resolve_route(RESOLVE_TIMEOUT)
-            .unwrap()
+        id.addr_resolved(ev).unwrap()
     });
-    gather(ch, ids, "ROUTE_RESOLVED", |id, ev| {
-        let mut id = id.route_resolved(ev).unwrap();
-        prepare(&mut id);
-        id.connect(param).unwrap()
-    })
+    let ids = ids
+        .into_iter()
+        .map(|id| id.resolve_route(RESOLVE_TIMEOUT).unwrap())
+        .collect();
+    let ids = gather(ch, ids, "ROUTE_RESOLVED", |id, ev| {
+        id.route_resolved(ev).unwrap()
+    });
+    ids.into_iter()
+        .map(|mut id| {
+            prepare(&mut id);
+            id.connect(param).unwrap()
+        })
+        .collect()
 }
 
 /// Asserts a tool's run went well: exit 0 and none of its failure lines.

@@ -15,7 +15,7 @@ use evchan_sys as sys;
 
 use super::{Gate, RawChannel};
 use crate::ffi::addr::{self, SockAddr};
-use crate::ffi::verbs::{ContextRef, Cq, Pd, PdRef, QpCaps, QpPtr};
+use crate::ffi::verbs::{check_same_context, ContextRef, Cq, Pd, PdRef, QpCaps, QpPtr};
 
 /// The shared record of one C id: see the module docs.
 pub(crate) struct IdInner {
@@ -335,10 +335,19 @@ impl<'ch> Id<'ch> {
         self.inner.raw.as_ptr()
     }
 
-    fn get(&self) -> &sys::rdma_cm_id {
-        // SAFETY: the id is live while its owner exists, and only the owner (which is `!Sync`
-        // and borrowed here) issues calls that change it.
-        unsafe { self.inner.raw.as_ref() }
+    /// Runs `f` on the C id with the channel's gate held exclusively, for reading the fields
+    /// that librdmacm rewrites *inside* `rdma_get_cm_event` while it processes one of the id's
+    /// events: `route` (addresses, path records), `verbs`, `pd` and `port_num`
+    /// (`ucma_query_addr` / `ucma_query_route` for `ADDR_RESOLVED` and `ROUTE_RESOLVED`). A
+    /// reader on another thread may be doing that right now (channels are `Sync`, ids `Send`),
+    /// so reading those fields without the gate would be a data race with C's writes. With
+    /// the gate no reader is inside the call (parent module docs: "Readers and destroys"); it
+    /// is held only for the read. Never called with the gate held (only `get_event` holds it
+    /// shared, and it reads no id through here).
+    fn read_locked<T>(&self, f: impl FnOnce(*const sys::rdma_cm_id) -> T) -> T {
+        let gate = Arc::clone(&self.inner.lock().gate);
+        let _no_reader = gate.write().unwrap_or_else(PoisonError::into_inner);
+        f(self.raw())
     }
 
     /// An opaque number naming this C id, equal to [`RawEvent::id_key`] of its events.
@@ -352,23 +361,41 @@ impl<'ch> Id<'ch> {
     }
 
     pub(crate) fn port_space(&self) -> u32 {
-        self.get().ps
+        // SAFETY: the id is live while its owner exists; `ps` is written once, by
+        // `rdma_create_id`, before the id was shared. Only that field is read (no reference to
+        // the whole struct, whose other fields librdmacm may be writing).
+        unsafe { (*self.raw()).ps }
     }
 
     pub(crate) fn port_num(&self) -> u8 {
-        self.get().port_num
+        // SAFETY: live id; read under the gate (`read_locked`), so librdmacm is not writing it.
+        self.read_locked(|id| unsafe { (*id).port_num })
     }
 
     /// The device context, once an address is bound to a device or resolved.
     pub(crate) fn verbs(&self) -> Option<ContextRef<'_>> {
-        // SAFETY: `verbs` is NULL or the device context librdmacm keeps open while the id lives.
-        unsafe { ContextRef::from_raw(self.get().verbs) }
+        // SAFETY: live id; read under the gate (`read_locked`), so librdmacm is not writing it.
+        let verbs = self.read_locked(|id| unsafe { (*id).verbs });
+        // SAFETY: `verbs` is NULL or the device context librdmacm keeps open while the id holds
+        // its device (never cleared while the id lives).
+        unsafe { ContextRef::from_raw(verbs) }
     }
 
     /// The protection domain librdmacm allocated for the id's device.
     pub(crate) fn pd(&self) -> Option<PdRef<'_>> {
-        // SAFETY: `pd` is NULL or the device's PD, which lives while the id holds the device.
-        unsafe { PdRef::from_raw(self.get().pd) }
+        // SAFETY: live id; read under the gate (`read_locked`), so librdmacm is not writing it.
+        let pd = self.read_locked(|id| unsafe { (*id).pd });
+        // SAFETY: `pd` is NULL, the device's PD, which lives while the id holds the device, or
+        // the caller's PD of a QP from `create_qp_with`, borrowed for `'ch` by the owner.
+        unsafe { PdRef::from_raw(pd) }
+    }
+
+    /// `rdma_cm_id::qp`. Written only by the owner's own calls (`rdma_create_qp`, and
+    /// `rdma_destroy_qp` in its drop); librdmacm's event processing only reads it.
+    fn qp(&self) -> *mut sys::ibv_qp {
+        // SAFETY: live id; only that field is read, and only the owner (borrowed here, `!Sync`)
+        // writes it.
+        unsafe { (*self.raw()).qp }
     }
 
     /// The id's QP, when [`Id::create_qp_with`] made it (on the caller's CQs); `None` for no
@@ -377,26 +404,32 @@ impl<'ch> Id<'ch> {
         self.inner.lock().user_qp?;
         // SAFETY: `qp` is NULL or the QP from `create_qp_with`, destroyed only in the owner's
         // drop (`release`), which cannot run while `self` is borrowed.
-        unsafe { QpPtr::from_raw(self.get().qp) }
+        unsafe { QpPtr::from_raw(self.qp()) }
     }
 
     pub(crate) fn qp_num(&self) -> Option<u32> {
-        let qp = self.get().qp;
+        let qp = self.qp();
         // SAFETY: `qp` is NULL or the id's live QP.
         (!qp.is_null()).then(|| unsafe { (*qp).qp_num })
     }
 
     pub(crate) fn local_addr(&self) -> Option<SocketAddr> {
-        let a = &self.get().route.addr;
-        // SAFETY: the source address is a `sockaddr_storage`-sized union field of a live id.
-        unsafe { addr::read(ptr::from_ref(&a.src_addr_union).cast()) }
+        self.read_locked(|id| {
+            // SAFETY: live id, read under the gate; the source address is a
+            // `sockaddr_storage`-sized union field (the place expression reads nothing).
+            let sa = unsafe { ptr::addr_of!((*id).route.addr.src_addr_union) };
+            // SAFETY: `sa` points into the live id and is valid for any family's reads.
+            unsafe { addr::read(sa.cast()) }
+        })
     }
 
     pub(crate) fn peer_addr(&self) -> Option<SocketAddr> {
-        let a = &self.get().route.addr;
-        // SAFETY: the destination address is a `sockaddr_storage`-sized union field of a live
-        // id.
-        unsafe { addr::read(ptr::from_ref(&a.dst_addr_union).cast()) }
+        self.read_locked(|id| {
+            // SAFETY: as in `local_addr`, for the destination address.
+            let sa = unsafe { ptr::addr_of!((*id).route.addr.dst_addr_union) };
+            // SAFETY: `sa` points into the live id and is valid for any family's reads.
+            unsafe { addr::read(sa.cast()) }
+        })
     }
 
     /// `rdma_bind_addr`.
@@ -452,7 +485,11 @@ impl<'ch> Id<'ch> {
         recv_cq: &'ch Cq<'_>,
         caps: QpCaps,
     ) -> io::Result<()> {
-        let lib_pd = self.get().pd;
+        // A PD of another context than the id's is refused by librdmacm itself (`EINVAL`);
+        // CQs of another context than the PD's are not (see `check_same_context`).
+        check_same_context(pd, send_cq, recv_cq)?;
+        // SAFETY: live id; read under the gate (`read_locked`), so librdmacm is not writing it.
+        let lib_pd = self.read_locked(|id| unsafe { (*id).pd });
         self.create_qp_raw(
             pd.ptr.as_ptr(),
             send_cq.ptr.as_ptr(),
@@ -471,7 +508,10 @@ impl<'ch> Id<'ch> {
         recv_cq: *mut sys::ibv_cq,
         caps: QpCaps,
     ) -> io::Result<()> {
-        let mut attr = caps.init_attr(self.get().qp_type, send_cq, recv_cq);
+        // SAFETY: live id; `qp_type` is written once, by `rdma_create_id` (or, for a request's
+        // id, before it was handed over), and only that field is read.
+        let qp_type = unsafe { (*self.raw()).qp_type };
+        let mut attr = caps.init_attr(qp_type, send_cq, recv_cq);
         // SAFETY: live id with a device (the caller's state guarantees it; librdmacm fails
         // with an errno otherwise, and with EINVAL for a PD of another device or a second QP);
         // `attr` is valid; the PD and CQs are NULL (library ones) or live objects of the
@@ -491,7 +531,15 @@ impl<'ch> Id<'ch> {
     /// `rdma_leave_multicast`. Refused with `EBUSY` while events counted against the id are
     /// unacked (the call waits for the acks of the group's events); `EADDRNOTAVAIL` for a group
     /// not joined.
+    ///
+    /// Decided and done with the channel's gate held exclusively, as a migrate: otherwise a
+    /// reader on another thread could read (and count) an event of the group between the check
+    /// and the call, and the call would then wait for its ack — forever, if that event is
+    /// handed to this very thread. The kernel counts an event against the group only once it
+    /// has been read, so with no reader inside `rdma_get_cm_event` the call never waits.
     pub(crate) fn leave_multicast(&self, group: SocketAddr) -> io::Result<()> {
+        let gate = Arc::clone(&self.inner.lock().gate);
+        let _no_reader = gate.write().unwrap_or_else(PoisonError::into_inner);
         let mut st = self.inner.lock();
         if st.pending > 0 {
             return Err(io::Error::from_raw_os_error(libc::EBUSY));
@@ -502,7 +550,8 @@ impl<'ch> Id<'ch> {
         st.groups.swap_remove(i);
         drop(st);
         let mut sa = SockAddr::new(group);
-        // SAFETY: live id that joined `group`; no event of ours is pending.
+        // SAFETY: live id that joined `group`; no event of ours is pending, and none can be read
+        // before the call returns (the gate).
         check(unsafe { sys::rdma_leave_multicast(self.raw(), sa.as_mut_ptr()) })
     }
 

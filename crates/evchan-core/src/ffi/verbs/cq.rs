@@ -110,6 +110,11 @@ pub(crate) struct Cq<'ch> {
     pub(in crate::ffi) ptr: NonNull<sys::ibv_cq>,
     token: u64,
     pending_acks: AtomicU32,
+    /// Events of this CQ held, unacked, by guards (the public `CqEvent`, which borrows the
+    /// `Cq`): raised by [`Cq::hold`], lowered by [`Cq::release`] once the guard has acked or
+    /// deferred its event. Whatever is left when the CQ goes belongs to guards leaked with
+    /// `mem::forget`, whose acks are then made for them (see [`Cq::ack_everything`]).
+    held: AtomicU32,
     _ch: PhantomData<&'ch CompChannel<'ch>>,
 }
 
@@ -145,6 +150,7 @@ impl<'ch> Cq<'ch> {
             ptr: NonNull::new(cq).ok_or_else(null_err)?,
             token,
             pending_acks: AtomicU32::new(0),
+            held: AtomicU32::new(0),
             _ch: PhantomData,
         })
     }
@@ -210,12 +216,35 @@ impl<'ch> Cq<'ch> {
     pub(crate) fn pending_acks(&self) -> u32 {
         self.pending_acks.load(Ordering::Acquire)
     }
+
+    /// A guard now holds one unacked event of this CQ (it borrows the CQ).
+    pub(crate) fn hold(&self) {
+        self.held.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// The guard has acked or deferred its event ([`CqEventAck::defer`] on this CQ).
+    pub(crate) fn release(&self) {
+        self.held.fetch_sub(1, Ordering::AcqRel);
+    }
+
+    /// Before `ibv_destroy_cq`, which waits until every event read for the CQ is acked: acks
+    /// the deferred events and those of guards that were leaked (`mem::forget` is safe, and a
+    /// forgotten guard never acks). Guards borrow the CQ, so when it goes none is alive and the
+    /// `held` count is exactly the events of leaked ones — never one acked already, which
+    /// would make the destroy wait forever just the same (it waits for equality).
+    fn ack_everything(&self) {
+        let leaked = self.held.swap(0, Ordering::AcqRel);
+        if leaked > 0 {
+            self.pending_acks.fetch_add(leaked, Ordering::AcqRel);
+        }
+        self.flush_acks();
+    }
 }
 
 impl Cq<'_> {
     /// Flushes the pending acks, then `ibv_destroy_cq`, reporting its result (Drop ignores it).
     pub(crate) fn destroy(self) -> io::Result<()> {
-        self.flush_acks();
+        self.ack_everything();
         let me = std::mem::ManuallyDrop::new(self);
         // SAFETY: as in Drop, which will not run (ManuallyDrop): destroyed once, acks flushed.
         let ret = unsafe { sys::ibv_destroy_cq(me.ptr.as_ptr()) };
@@ -227,8 +256,9 @@ impl Drop for Cq<'_> {
     fn drop(&mut self) {
         // Every event read for this CQ is either deferred into `pending_acks` (flushed here) or
         // still held by a CqEventAck, which acks on drop without needing this handle. The public
-        // guard borrows the Cq, so in safe code none is alive now: ibv_destroy_cq cannot wait.
-        self.flush_acks();
+        // guard borrows the Cq, so in safe code none is alive now, and the events of guards
+        // leaked with `mem::forget` are acked for them: ibv_destroy_cq cannot wait.
+        self.ack_everything();
         // SAFETY: QPs borrow the CQ, so none uses it; destroyed once.
         let _ = unsafe { sys::ibv_destroy_cq(self.ptr.as_ptr()) };
     }

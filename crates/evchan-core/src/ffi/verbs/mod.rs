@@ -47,7 +47,7 @@ pub(crate) use cq::{CompChannel, Cq, CqEventAck, RawWc};
 pub(crate) use device::{Context, DeviceList};
 pub use mr::MrBuffer;
 pub(crate) use mr::{Mr, Pd, Posted, OWNED_WR_ID_BIT};
-pub(crate) use qp::{sge_of, Qp, QpCaps, QpModify};
+pub(crate) use qp::{check_same_context, same_context, sge_of, Qp, QpCaps, QpModify};
 pub use qp::{SendFlags, Sge};
 
 /// A C object borrowed for `'a`, owned by someone else (librdmacm, or one of our handles):

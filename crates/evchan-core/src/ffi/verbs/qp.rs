@@ -56,6 +56,38 @@ impl QpCaps {
     }
 }
 
+/// Whether the PD and both CQs belong to one device context.
+///
+/// libibverbs passes the CQs to the kernel as *handles*, which the kernel looks up among the
+/// objects of the PD's context (its own file). A CQ of another context (another
+/// `ibv_open_device` of the device, or librdmacm's context while the CQ is on one opened here)
+/// names there either nothing (`EINVAL`) or, worse, some other CQ of that context with the same
+/// handle number — which the QP would then complete on, and which our borrow does not keep
+/// alive (its destroy then fails with `EBUSY`, and ours succeeds under a QP still using it in
+/// the driver's eyes). So a QP is only created when this holds.
+pub(crate) fn same_context(pd: &Pd<'_>, send_cq: &Cq<'_>, recv_cq: &Cq<'_>) -> bool {
+    // SAFETY: live PD (borrowed); `context` is written once, at its creation.
+    let pd_ctx = unsafe { (*pd.ptr.as_ptr()).context };
+    // SAFETY: live CQ (borrowed); as above.
+    let send_ctx = unsafe { (*send_cq.ptr.as_ptr()).context };
+    // SAFETY: live CQ (borrowed); as above.
+    let recv_ctx = unsafe { (*recv_cq.ptr.as_ptr()).context };
+    send_ctx == pd_ctx && recv_ctx == pd_ctx
+}
+
+/// [`same_context`], as the `EINVAL` that librdmacm gives for a PD of another context.
+pub(crate) fn check_same_context(
+    pd: &Pd<'_>,
+    send_cq: &Cq<'_>,
+    recv_cq: &Cq<'_>,
+) -> io::Result<()> {
+    if same_context(pd, send_cq, recv_cq) {
+        Ok(())
+    } else {
+        Err(io::Error::from_raw_os_error(libc::EINVAL))
+    }
+}
+
 /// Plain QP modify attributes: the subset of `struct ibv_qp_attr` the safe layer sets.
 #[derive(Debug, Clone, Copy, Default)]
 pub(crate) struct QpModify {
@@ -131,8 +163,10 @@ impl<'res> Qp<'res> {
         qp_type: u32,
         caps: QpCaps,
     ) -> io::Result<Self> {
+        check_same_context(pd, send_cq, recv_cq)?;
         let mut attr = caps.init_attr(qp_type, send_cq.ptr.as_ptr(), recv_cq.ptr.as_ptr());
-        // SAFETY: live PD and CQs (borrowed for 'res); `attr` is fully initialised.
+        // SAFETY: live PD and CQs (borrowed for 'res) of one device context (checked above);
+        // `attr` is fully initialised.
         let qp = unsafe { sys::ibv_create_qp(pd.ptr.as_ptr(), &mut attr) };
         Ok(Qp {
             ptr: NonNull::new(qp).ok_or_else(null_err)?,
@@ -154,6 +188,12 @@ impl QpPtr<'_> {
     pub(crate) fn qp_num(&self) -> u32 {
         // SAFETY: live QP; `qp_num` is written at creation.
         unsafe { (*self.ptr.as_ptr()).qp_num }
+    }
+
+    /// `ibv_qp::qp_type` (`enum ibv_qp_type`).
+    pub(crate) fn qp_type(&self) -> u32 {
+        // SAFETY: live QP; `qp_type` is written at creation.
+        unsafe { (*self.ptr.as_ptr()).qp_type }
     }
 
     pub(crate) fn state(&self) -> u32 {
@@ -203,6 +243,12 @@ impl QpPtr<'_> {
 
     /// `ibv_post_send` of one work request.
     ///
+    /// Refused (`InvalidInput`, before the call) on a UD QP (an rdma_cm id of the UDP port
+    /// space): a UD send names its destination by an address handle (`wr.ud.ah`), which this
+    /// work request does not carry, and the providers dereference that handle unchecked (rxe's
+    /// `to_rah(wr->wr.ud.ah)->ah_num`, mlx5's `to_mah(wr->wr.ud.ah)->av`): with NULL, the
+    /// process would crash inside libibverbs.
+    ///
     /// # Safety
     ///
     /// Every `sge` must lie in memory registered (under its `lkey`) with this QP's PD, and that
@@ -217,6 +263,12 @@ impl QpPtr<'_> {
         imm: Option<u32>,
         flags: SendFlags,
     ) -> io::Result<()> {
+        if self.qp_type() == sys::ibv_qp_type::IBV_QPT_UD {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "sends on a UD QP need an address handle, which evchan does not support yet",
+            ));
+        }
         let (mut sg, num_sge) = c_sg_list(sges)?;
         // SAFETY: ibv_send_wr is plain data (integers, raw pointers, unions of those); all-zero
         // is valid (NULL next, no remote address).
