@@ -1,4 +1,4 @@
-//! Running cargo, reading libtest's result lines, finding test executables.
+//! Running cargo, reading libtest's result lines, finding test and bench executables.
 
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
@@ -49,38 +49,50 @@ impl Counts {
 
 /// Runs `cmd`, echoing its stdout while counting libtest results; returns (success, counts).
 pub fn run_counting(cmd: &mut Command) -> Result<(bool, Counts)> {
+    let mut counts = Counts::default();
+    let ok = run_lines(cmd, &mut |line| {
+        println!("{line}");
+        counts.add_line(line);
+    })?;
+    Ok((ok, counts))
+}
+
+/// Runs `cmd`, handing each line of its stdout to `on_line` as it comes; returns its success.
+pub fn run_lines(cmd: &mut Command, on_line: &mut dyn FnMut(&str)) -> Result<bool> {
     let mut child = cmd
         .stdout(Stdio::piped())
         .spawn()
         .map_err(|e| format!("cannot run {:?}: {e}", cmd.get_program()))?;
-    let mut counts = Counts::default();
     for line in BufReader::new(child.stdout.take().expect("piped")).lines() {
         let Ok(line) = line else { break };
-        println!("{line}");
-        counts.add_line(&line);
+        on_line(&line);
     }
     let status = child.wait().map_err(|e| e.to_string())?;
-    Ok((status.success(), counts))
+    Ok(status.success())
 }
 
 /// Builds the workspace's tests without running them and returns the executables of the test
 /// targets whose name starts with `prefix` (the device tests: `device_`), as (name, path).
 pub fn test_executables(prefix: &str) -> Result<Vec<(String, PathBuf)>> {
-    let out = cargo(&[
-        "test",
-        "--workspace",
-        "--no-run",
-        "--message-format=json-render-diagnostics",
-    ])
-    .stderr(Stdio::inherit())
-    .output()
-    .map_err(|e| format!("cannot run cargo: {e}"))?;
+    executables(&["test", "--workspace"], "test", prefix)
+}
+
+/// Builds with `cargo ARGS --no-run` (e.g. `["bench", "--workspace", "--benches"]`) and returns
+/// the executables of the targets of `kind` (`test`, `bench`) whose name starts with `prefix`,
+/// as (name, path), read from cargo's JSON messages.
+pub fn executables(args: &[&str], kind: &str, prefix: &str) -> Result<Vec<(String, PathBuf)>> {
+    let mut all = args.to_vec();
+    all.extend(["--no-run", "--message-format=json-render-diagnostics"]);
+    let out = cargo(&all)
+        .stderr(Stdio::inherit())
+        .output()
+        .map_err(|e| format!("cannot run cargo: {e}"))?;
     if !out.status.success() {
-        return Err("building the test binaries failed".into());
+        return Err(format!("building the {kind} binaries failed"));
     }
     let mut found = Vec::new();
     for line in String::from_utf8_lossy(&out.stdout).lines() {
-        if !line.contains(r#""reason":"compiler-artifact""#) {
+        if !line.contains(r#""reason":"compiler-artifact""#) || !has_kind(line, kind) {
             continue;
         }
         let (Some(name), Some(exe)) = (json_str(line, "name"), json_str(line, "executable")) else {
@@ -93,6 +105,16 @@ pub fn test_executables(prefix: &str) -> Result<Vec<(String, PathBuf)>> {
     found.sort();
     found.dedup();
     Ok(found)
+}
+
+/// Whether the first `"kind":[…]` of one line of cargo's JSON (the target's) lists `kind`.
+fn has_kind(line: &str, kind: &str) -> bool {
+    let Some(start) = line.find(r#""kind":["#) else {
+        return false;
+    };
+    let rest = &line[start + 8..];
+    let list = &rest[..rest.find(']').unwrap_or(rest.len())];
+    list.split(',').any(|k| k.trim_matches('"') == kind)
 }
 
 /// The first string value of `"key":"…"` in one line of cargo's JSON (cargo writes it compactly;
@@ -137,5 +159,10 @@ mod tests {
             Some("/t/debug/deps/device_cm-1234")
         );
         assert_eq!(json_str(r#"{"executable":null}"#, "executable"), None);
+        assert!(has_kind(line, "test"));
+        assert!(!has_kind(line, "bench"));
+        let bench = r#"{"reason":"compiler-artifact","target":{"kind":["bench"],"crate_types":["bin"],"name":"cm_event"},"executable":"/t/release/deps/cm_event-1"}"#;
+        assert!(has_kind(bench, "bench"));
+        assert!(!has_kind(bench, "bin"));
     }
 }

@@ -3,8 +3,10 @@
 //! - `setup`: install the Debian packages the project needs, fetch and unpack the VM's kernel.
 //! - `vm`: run a command inside a soft-RoCE VM (one host, or two on a virtual wire).
 //! - `test`: the whole ladder: formatting, lints, native tests, device tests in the VM.
+//! - `bench`: the criterion benchmarks on a device (the VM), as ratios against raw FFI.
 //! - `demo`: a smoke program through the layers, in the VM (or natively on an RDMA host).
 
+mod bench;
 mod cargo;
 mod setup;
 mod test;
@@ -35,6 +37,10 @@ tasks:
   test [--vm]           fmt, clippy, docs, native tests, then the device tests in the VM with
                         EVCHAN_REQUIRE_DEVICE=1 (natively instead when this host has an ACTIVE
                         RDMA port, unless --vm); ends with `N passed, N failed`
+  bench [--vm] [-- ARGS] build benches/ (bench profile) and run them in the VM (natively on an
+                        ACTIVE RDMA port, unless --vm) with short criterion settings; ARGS go to
+                        criterion (e.g. a filter). Prints each benchmark's evchan and raw-FFI
+                        times from the same run and their ratio (under TCG only ratios count)
   demo [--vm]           build examples/demo.rs and run it against a device (the VM by default)
 ";
 
@@ -48,6 +54,7 @@ fn main() -> ExitCode {
         "setup" => setup::run(rest).map(|()| 0),
         "vm" => vm::cli(rest),
         "test" => test::run(rest),
+        "bench" => bench::run(rest),
         "demo" => test::demo(rest),
         "-h" | "--help" | "help" => {
             print!("{USAGE}");

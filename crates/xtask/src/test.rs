@@ -10,14 +10,14 @@ use crate::{host_has_active_rdma_port, setup, vm, Result};
 
 /// Where device tests run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Place {
+pub(crate) enum Place {
     /// This host has an ACTIVE RDMA port.
     Native,
     /// The soft-RoCE VM.
     Vm,
 }
 
-fn place(args: &[String], task: &str) -> Result<Place> {
+pub(crate) fn place(args: &[String], task: &str) -> Result<Place> {
     let mut force_vm = false;
     for a in args {
         match a.as_str() {
