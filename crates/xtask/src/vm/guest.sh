@@ -10,6 +10,8 @@ export HOME=/root
 ulimit -l unlimited
 
 say() { echo "evchan-vm[$role]: $*" >&2; }
+# Whether fewer than $1 seconds passed since $start (wall clock: TCG makes loop counts slow).
+within() { [ $(($(date +%s) - start)) -lt "$1" ]; }
 
 # Addresses appear usable at once: no duplicate address detection on our private links.
 echo 0 >/proc/sys/net/ipv6/conf/default/accept_dad
@@ -28,6 +30,8 @@ single)
     ;;
 a | b)
     if [ "$role" = a ]; then mine=0a peer=0b; else mine=0b peer=0a; fi
+    # eth0 existed before the default above changed: no DAD on it either.
+    echo 0 >/proc/sys/net/ipv6/conf/eth0/accept_dad
     ip link set eth0 address "02:00:00:00:00:$mine"
     ip link set eth0 up
     netdev=eth0
@@ -40,17 +44,16 @@ a | b)
 esac
 
 rdma link add rxe0 type rxe netdev "$netdev" || { say "rdma link add failed"; exit 125; }
-i=0
+start=$(date +%s)
 until rdma link show rxe0/1 2>/dev/null | grep -q 'state ACTIVE'; do
-    i=$((i + 1))
-    [ "$i" -lt 100 ] || { say "rxe0 never became ACTIVE"; rdma link show; exit 125; }
+    within 30 || { say "rxe0 not ACTIVE within 30 s"; rdma link show; exit 125; }
     sleep 0.1
 done
-# The link-local IPv6 address and its GID appear a moment after the link is up.
-i=0
-until ip -6 addr show dev "$netdev" | grep -q 'fe80::ff:fe00'; do
-    i=$((i + 1))
-    [ "$i" -lt 100 ] || { say "no IPv6 link-local address on $netdev"; exit 125; }
+# The link-local IPv6 address and its GID appear a moment after the link is up; a tentative
+# address cannot be bound yet (EADDRNOTAVAIL), so wait until none is.
+until ip -6 addr show dev "$netdev" | grep -q 'fe80::ff:fe00' &&
+    [ -z "$(ip -6 addr show dev "$netdev" tentative)" ]; do
+    within 30 || { say "no usable IPv6 link-local address on $netdev within 30 s"; exit 125; }
     sleep 0.1
 done
 
@@ -65,21 +68,19 @@ a)
     sh "$here/job.a" &
     server=$!
     # Ready once a cm_id listens (or the server already ended); then tell the client's VM.
-    i=0
+    start=$(date +%s)
     until rdma resource show cm_id 2>/dev/null | grep -q 'state LISTEN'; do
         kill -0 "$server" 2>/dev/null || break
-        i=$((i + 1))
-        [ "$i" -lt 600 ] || { say "the server never listened"; break; }
+        within 60 || { say "the server did not listen within 60 s"; break; }
         sleep 0.1
     done
     : >"$here/ready"
     wait "$server"
     ;;
 b)
-    i=0
+    start=$(date +%s)
     until [ -e "$here/ready" ]; do
-        i=$((i + 1))
-        [ "$i" -lt 1200 ] || { say "the server VM never became ready"; exit 125; }
+        within 120 || { say "the server VM was not ready within 120 s"; exit 125; }
         sleep 0.1
     done
     sh "$here/job.b"

@@ -38,6 +38,8 @@ const ERROR: &str = "@@evchan-vm-error";
 /// How long a guest may take from qemu's start to the job's start.
 const BOOT_TIMEOUT: Duration = Duration::from_secs(240);
 const CONSOLE_TAIL: usize = 60;
+/// With two hosts: how long the server may run on after the client's job ended.
+const SERVER_GRACE: Duration = Duration::from_secs(30);
 
 /// What to run, where.
 #[derive(Debug, Clone, Default)]
@@ -224,14 +226,20 @@ pub fn run(job: &Job, out: &mut dyn FnMut(&str)) -> Result<Outcome> {
     let prefix = roles.len() > 1;
     let deadline = started + job.timeout;
     let mut timed_out = None;
+    // Two hosts: once the client's job ended, the server gets SERVER_GRACE to end too.
+    let mut server_grace: Option<Instant> = None;
+    let mut server_stuck = false;
     while vms.iter().any(|v| !v.eof) {
         let now = Instant::now();
         let boot_deadline = started + BOOT_TIMEOUT;
-        let next = if vms.iter().all(|v| v.began.is_some()) {
+        let mut next = if vms.iter().all(|v| v.began.is_some()) {
             deadline
         } else {
             deadline.min(boot_deadline)
         };
+        if let Some(g) = server_grace {
+            next = next.min(g);
+        }
         let wait = next.saturating_duration_since(now);
         match rx.recv_timeout(wait) {
             Ok((i, Some(line))) => {
@@ -246,6 +254,9 @@ pub fn run(job: &Job, out: &mut dyn FnMut(&str)) -> Result<Outcome> {
                     vm.began = Some(started.elapsed());
                 } else if line == END {
                     vm.ended = true;
+                    if vm.role == "b" {
+                        server_grace = Some(Instant::now() + SERVER_GRACE);
+                    }
                 } else if vm.began.is_some() && !vm.ended {
                     if prefix {
                         out(&format!("[{}] {line}", vm.role));
@@ -259,6 +270,12 @@ pub fn run(job: &Job, out: &mut dyn FnMut(&str)) -> Result<Outcome> {
             Ok((i, None)) => {
                 vms[i].eof = true;
                 let _ = vms[i].child.wait();
+            }
+            Err(mpsc::RecvTimeoutError::Timeout)
+                if server_grace.is_some_and(|g| Instant::now() >= g) =>
+            {
+                server_stuck = true;
+                break;
             }
             Err(mpsc::RecvTimeoutError::Timeout) => {
                 let booting = vms.iter().any(|v| v.began.is_none());
@@ -295,6 +312,26 @@ pub fn run(job: &Job, out: &mut dyn FnMut(&str)) -> Result<Outcome> {
         problems.push(why.clone());
     }
     let mut codes = Vec::new();
+    if server_stuck {
+        let client = fs::read_to_string(share.join("rc.b"))
+            .ok()
+            .and_then(|s| s.trim().parse::<i32>().ok());
+        eprintln!(
+            "evchan-vm: the server (VM a) was still running {} s after the client's job ended; stopped it",
+            SERVER_GRACE.as_secs()
+        );
+        match client {
+            // The client's failure is the news; the server waited for a client that gave up.
+            Some(c) if c != 0 => {
+                let _ = fs::remove_dir_all(&share);
+                return Ok(Outcome { code: c, boot });
+            }
+            _ => problems.push(format!(
+                "the server (VM a) did not end within {} s of the client",
+                SERVER_GRACE.as_secs()
+            )),
+        }
+    }
     for vm in &vms {
         let rc = fs::read_to_string(share.join(format!("rc.{}", vm.role)))
             .ok()
@@ -303,7 +340,7 @@ pub fn run(job: &Job, out: &mut dyn FnMut(&str)) -> Result<Outcome> {
             problems.push(format!("the guest kernel of VM {} panicked", vm.role));
         } else if let Some(e) = &vm.error {
             problems.push(format!("VM {}: {e}", vm.role));
-        } else if rc.is_none() && timed_out.is_none() {
+        } else if rc.is_none() && timed_out.is_none() && !server_stuck {
             problems.push(format!("VM {} stopped without an exit status", vm.role));
         }
         codes.push(rc);
