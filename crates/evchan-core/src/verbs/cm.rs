@@ -17,9 +17,7 @@ use crate::ffi::verbs as ffi;
 use crate::CmId;
 
 use super::qp::{no_qp, post_recv_on, post_send_on};
-use super::{
-    Context, Cq, Error, Mr, MrBuffer, Pd, PostError, Posted, QpCaps, Result, SendFlags, Sge,
-};
+use super::{Context, Cq, Error, Mr, MrBuffer, Pd, PostError, Posted, QpCaps, Result};
 
 /// A device context (`struct ibv_context`) borrowed from the rdma_cm id that holds it
 /// ([`CmId::verbs`]): its name and identity. To create objects on it, take the owned
@@ -299,7 +297,7 @@ impl<'ch, S: State> CmId<'ch, S> {
             .map_err(|e| crate::Error::os("rdma_create_qp", e))
     }
 
-    fn user_qp(&self, call: &'static str) -> Result<ffi::QpPtr<'_>> {
+    pub(crate) fn user_qp(&self, call: &'static str) -> Result<ffi::QpPtr<'_>> {
         self.raw.user_qp().ok_or_else(|| Error::io(call)(no_qp()))
     }
 
@@ -352,55 +350,5 @@ impl<'ch, S: State> CmId<'ch, S> {
         range: Range<usize>,
     ) -> std::result::Result<Posted<'pd, B>, PostError<'pd, B>> {
         post_recv_on(self.raw.user_qp(), mr, range)
-    }
-
-    /// `ibv_post_send` of one SEND work request made of `sges` on the id's QP, raw; as
-    /// [`Qp::post_send_raw`](super::Qp::post_send_raw).
-    ///
-    /// # Safety
-    ///
-    /// As [`Qp::post_send_raw`](super::Qp::post_send_raw): every [`Sge`] lies in a region
-    /// registered with the QP's PD under its `lkey`; that memory stays allocated, registered and
-    /// unwritten until the work request has completed (or the id is dropped, which destroys the
-    /// QP); `wr_id` does not have its top bit set.
-    ///
-    /// # Errors
-    /// [`Error::Io`]: no QP from [`create_qp_with`](Self::create_qp_with), a UD QP (as for
-    /// [`post_send`](Self::post_send)), or the `ibv_post_send` error.
-    #[doc(alias = "ibv_post_send")]
-    // A forwarding `unsafe fn` like `Qp::post_send_raw`: its contract is ffi's.
-    #[allow(unsafe_code)]
-    pub unsafe fn post_send_raw(
-        &self,
-        wr_id: u64,
-        sges: &[Sge],
-        imm: Option<u32>,
-        flags: SendFlags,
-    ) -> Result<()> {
-        let qp = self.user_qp("ibv_post_send")?;
-        // SAFETY: the caller upholds this function's contract, which is ffi's.
-        unsafe { qp.post_send(wr_id, sges, imm, flags) }.map_err(Error::io("ibv_post_send"))
-    }
-
-    /// `ibv_post_recv` of one receive work request into `sges` on the id's QP, raw; as
-    /// [`Qp::post_recv_raw`](super::Qp::post_recv_raw).
-    ///
-    /// # Safety
-    ///
-    /// As [`Qp::post_recv_raw`](super::Qp::post_recv_raw): the memory of every [`Sge`] is
-    /// registered with the QP's PD, and stays allocated, registered and untouched by anyone
-    /// until the work request's completion has been polled or the id dropped; `wr_id` does not
-    /// have its top bit set.
-    ///
-    /// # Errors
-    /// [`Error::Io`]: no QP from [`create_qp_with`](Self::create_qp_with), or the
-    /// `ibv_post_recv` error.
-    #[doc(alias = "ibv_post_recv")]
-    // As for post_send_raw.
-    #[allow(unsafe_code)]
-    pub unsafe fn post_recv_raw(&self, wr_id: u64, sges: &[Sge]) -> Result<()> {
-        let qp = self.user_qp("ibv_post_recv")?;
-        // SAFETY: the caller upholds this function's contract, which is ffi's.
-        unsafe { qp.post_recv(wr_id, sges) }.map_err(Error::io("ibv_post_recv"))
     }
 }

@@ -6,10 +6,7 @@ use std::ops::Range;
 
 use crate::ffi::verbs as ffi;
 
-use super::{
-    Cq, Error, Gid, Mr, MrBuffer, Mtu, Pd, PostError, QpInit, Result, SendFlags, Sge,
-    WorkCompletion,
-};
+use super::{Cq, Error, Gid, Mr, MrBuffer, Mtu, Pd, PostError, QpInit, Result, WorkCompletion};
 
 /// `IBV_QPT_RC`
 const QPT_RC: u32 = 2;
@@ -164,7 +161,7 @@ impl Default for RtsAttr {
 /// - safe, owned: [`post_send`](Self::post_send) / [`post_recv`](Self::post_recv) take an [`Mr`]
 ///   by value and return a [`Posted`] that gives it back only for this request's completion;
 /// - raw: [`post_send_raw`](Self::post_send_raw) / [`post_recv_raw`](Self::post_recv_raw) take
-///   [`Sge`]s and are `unsafe`: the caller keeps the memory alive and untouched until the
+///   [`Sge`](super::Sge)s and are `unsafe`: the caller keeps the memory alive and untouched until the
 ///   completion.
 ///
 /// # Example
@@ -400,55 +397,9 @@ impl<'res> Qp<'res> {
         post_recv_on(Some(self.raw.ptr()), mr, range)
     }
 
-    /// `ibv_post_send` of one SEND work request made of `sges`, raw (with immediate data
-    /// when `imm` is `Some`).
-    ///
-    /// # Safety
-    ///
-    /// - every [`Sge`] lies inside a memory region registered with this QP's [`Pd`], under that
-    ///   region's `lkey` (e.g. from [`Mr::sge`]);
-    /// - that memory stays allocated, registered, and unwritten by anyone until the work
-    ///   request has completed: its completion (or, unsignaled, that of a later signaled send
-    ///   on this QP) has been polled, or the QP has been destroyed;
-    /// - `wr_id` does not have its top bit set (those ids are reserved for [`Posted`]).
-    ///
-    /// # Errors
-    /// [`Error::Io`] with the `ibv_post_send` error.
-    #[doc(alias = "ibv_post_send")]
-    // The one `unsafe fn` outside `ffi`: it declares the caller's contract and forwards to
-    // `ffi::Qp::post_send`, which holds the only `unsafe` block.
-    #[allow(unsafe_code)]
-    pub unsafe fn post_send_raw(
-        &self,
-        wr_id: u64,
-        sges: &[Sge],
-        imm: Option<u32>,
-        flags: SendFlags,
-    ) -> Result<()> {
-        // SAFETY: the caller upholds this function's contract, which is ffi's.
-        unsafe { self.raw.ptr().post_send(wr_id, sges, imm, flags) }
-            .map_err(Error::io("ibv_post_send"))
-    }
-
-    /// `ibv_post_recv` of one receive work request into `sges`, raw.
-    ///
-    /// # Safety
-    ///
-    /// - every [`Sge`] lies inside a memory region registered with this QP's [`Pd`], under that
-    ///   region's `lkey`;
-    /// - that memory stays allocated, registered, and neither read nor written by anyone until
-    ///   the work request's completion has been polled or the QP destroyed: the device writes
-    ///   into it;
-    /// - `wr_id` does not have its top bit set.
-    ///
-    /// # Errors
-    /// [`Error::Io`] with the `ibv_post_recv` error.
-    #[doc(alias = "ibv_post_recv")]
-    // As for post_send_raw: a forwarding `unsafe fn` whose contract is ffi's.
-    #[allow(unsafe_code)]
-    pub unsafe fn post_recv_raw(&self, wr_id: u64, sges: &[Sge]) -> Result<()> {
-        // SAFETY: the caller upholds this function's contract, which is ffi's.
-        unsafe { self.raw.ptr().post_recv(wr_id, sges) }.map_err(Error::io("ibv_post_recv"))
+    /// The QP for the raw posts in `ffi` (`Qp::post_send_raw`, `Qp::post_recv_raw`).
+    pub(crate) fn ffi_ptr(&self) -> ffi::QpPtr<'_> {
+        self.raw.ptr()
     }
 }
 

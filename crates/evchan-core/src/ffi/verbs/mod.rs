@@ -41,6 +41,7 @@ mod cq;
 mod device;
 mod mr;
 mod qp;
+mod raw_post;
 
 pub(crate) use async_event::{RawAsyncEvent, RawElement};
 pub(crate) use cq::{CompChannel, Cq, CqEventAck, RawWc};
