@@ -163,6 +163,27 @@ impl Context {
         Ok(Context { raw })
     }
 
+    /// librdmacm's own contexts (`rdma_get_devices`), one per RDMA device: the contexts that
+    /// rdma_cm ids use. A [`Pd`], [`CompChannel`](super::CompChannel) or [`Cq`](super::Cq)
+    /// made on one of them is accepted by
+    /// [`CmId::create_qp_with`](crate::CmId::create_qp_with) for every id on that device, so a
+    /// server can make them before its first `CONNECT_REQUEST` (a context from
+    /// [`Context::open`] is a different one, and refused there). Each handle keeps its device
+    /// in librdmacm's list until it is dropped; it is never `ibv_close_device`d (librdmacm
+    /// owns it). [`Context::name`] tells them apart.
+    ///
+    /// # Errors
+    /// [`Error::NoDevice`] when there is no RDMA device; [`Error::Io`] with the
+    /// `rdma_get_devices` error otherwise.
+    #[doc(alias = "rdma_get_devices")]
+    pub fn rdma_cm_devices() -> Result<Vec<Self>> {
+        let raw = ffi::Context::all_cm_devices().map_err(Error::io("rdma_get_devices"))?;
+        if raw.is_empty() {
+            return Err(Error::NoDevice);
+        }
+        raw.into_iter().map(Self::from_raw).collect()
+    }
+
     /// `ibv_open_device` on the first device of [`DeviceList`].
     ///
     /// # Errors

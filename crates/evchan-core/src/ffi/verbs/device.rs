@@ -172,6 +172,32 @@ impl Context {
         }
     }
 
+    /// Every context in librdmacm's device list (`rdma_get_devices`), each held open by a list
+    /// of its own (as [`Context::of_cm_device`]); an empty list when there is no device.
+    pub(crate) fn all_cm_devices() -> io::Result<Vec<Self>> {
+        let mut n: c_int = 0;
+        // SAFETY: valid out-pointer; NULL with errno on failure; freed below.
+        let list = unsafe { sys::rdma_get_devices(&mut n) };
+        let list = NonNull::new(list).ok_or_else(null_err)?;
+        let count = usize::try_from(n).unwrap_or(0);
+        // SAFETY: the list holds `n` contexts followed by a NULL, valid until it is freed; the
+        // pointers are copied out before that.
+        let ptrs: Vec<_> = unsafe { std::slice::from_raw_parts(list.as_ptr(), count) }.to_vec();
+        let contexts = ptrs
+            .into_iter()
+            .filter_map(NonNull::new)
+            .map(|ptr| {
+                Self::of_cm_device(Borrowed {
+                    ptr,
+                    _owner: PhantomData,
+                })
+            })
+            .collect();
+        // SAFETY: from `rdma_get_devices` above, freed once; each context holds its own list.
+        unsafe { sys::rdma_free_devices(list.as_ptr()) };
+        contexts
+    }
+
     /// The borrowed view of this context.
     pub(crate) fn as_ref(&self) -> ContextRef<'_> {
         // Closed (or given back) only in `Drop`, after every borrow of `self` has ended.
