@@ -1,0 +1,554 @@
+//! Credit-based flow control, sans-IO: no descriptors, no clock, only counts in and
+//! immediate data out. The tokio driver feeds it what the completion queue says and posts
+//! what it decides.
+//!
+//! Each side posts `data_slots + ctrl_slots` receives (see [`Handshake`]). Every message is a
+//! SEND with immediate data, and consumes one receive at the peer:
+//!
+//! ```text
+//!  31 30 | 29 ........ 15 | 14 ........ 0
+//!  kind  |  data returns  | ctrl returns      (both cumulative, modulo 2^15)
+//! ```
+//!
+//! - `kind` 0 is a data message, 1 a credit update, 2 the close message (`FIN`); 3 is invalid.
+//! - A data message needs a **data credit**: at most `data_slots` of the peer's data messages
+//!   are unreturned. The receiver returns one when the application has consumed the message
+//!   (the last clone of its `Bytes` dropped) and the receive is posted again — credits follow
+//!   consumption, not arrival.
+//! - Credit updates and `FIN` draw on a separate budget of `ctrl_slots`: the receiver posts a
+//!   control message's receive again as soon as it has read it, so data can never starve them.
+//!   The last control credit is kept for a pure confirmation (returning the peer's control
+//!   credits), which is what keeps two sides that both ran out of control credits live.
+//! - Returns travel as cumulative counts in every message's immediate data (piggybacked on data
+//!   when there is some). A credit update goes on its own when half the data slots are
+//!   returned, or when the peer has no data credit left and at least one is returned, or when
+//!   two or more control credits are to be confirmed.
+//!
+//! The safety property, checked by the property tests: the messages in flight toward a side
+//! plus the data messages it holds never exceed the receives it posted — no receiver-not-ready,
+//! however slow the reader. Liveness: when both applications consume what they get, everything
+//! sent is delivered and nothing waits forever.
+
+use super::handshake::Handshake;
+
+/// Bits of each cumulative counter.
+const CUM_BITS: u32 = 15;
+const CUM_MASK: u32 = (1 << CUM_BITS) - 1;
+
+/// The kind of a message, from its immediate data.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// Application data.
+    Data,
+    /// A credit update (no payload).
+    Credit,
+    /// The sender will send no more (no payload).
+    Fin,
+}
+
+impl Kind {
+    fn code(self) -> u32 {
+        match self {
+            Kind::Data => 0,
+            Kind::Credit => 1,
+            Kind::Fin => 2,
+        }
+    }
+}
+
+/// A peer broke the protocol; the connection is dropped, other connections are unaffected.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ProtocolError {
+    /// A message without immediate data from an evchan peer.
+    #[error("a message without immediate data from an evchan peer")]
+    NoImmediate,
+    /// Kind 3 in the immediate data.
+    #[error("message kind 3 is not defined")]
+    BadKind,
+    /// A data message beyond the credits this side granted.
+    #[error("the peer sent a data message without a credit ({held} held, {slots} granted)")]
+    NoCredit {
+        /// Data messages held by this side.
+        held: u32,
+        /// Data slots this side offered.
+        slots: u32,
+    },
+    /// The peer returned more credits than were outstanding.
+    #[error("the peer returned {returned} credits, but only {outstanding} were outstanding")]
+    OverReturn {
+        /// What the update returns.
+        returned: u32,
+        /// What was outstanding.
+        outstanding: u32,
+    },
+    /// Data, or a second `FIN`, after the peer's `FIN` (credit updates may still come: the
+    /// peer still reads).
+    #[error("a message after the peer's close")]
+    AfterFin,
+    /// A data message larger than this side's receives (the receive would have failed).
+    #[error("a message of {len} bytes, above the {max} B maximum")]
+    TooLarge {
+        /// Its length.
+        len: u32,
+        /// The maximum.
+        max: u32,
+    },
+}
+
+/// One side's credit state.
+#[derive(Debug, Clone)]
+pub struct Credits {
+    mine: Handshake,
+    peer: Handshake,
+    /// Our data messages the peer has not returned yet.
+    data_out: u32,
+    /// Our control messages the peer has not confirmed yet.
+    ctrl_out: u32,
+    /// The peer's last cumulative counts.
+    peer_data_cum: u32,
+    peer_ctrl_cum: u32,
+    /// Data messages received and not yet consumed.
+    data_held: u32,
+    /// Cumulative: data messages received; data and control receives posted again.
+    data_received: u32,
+    data_returned: u32,
+    ctrl_returned: u32,
+    /// The cumulative counts last sent to the peer.
+    data_advertised: u32,
+    ctrl_advertised: u32,
+    fin_sent: bool,
+    fin_received: bool,
+}
+
+fn delta(new: u32, old: u32) -> u32 {
+    new.wrapping_sub(old) & CUM_MASK
+}
+
+impl Credits {
+    /// The state right after the handshake: `mine` is what this side posted, `peer` what the
+    /// peer did.
+    #[must_use]
+    pub fn new(mine: Handshake, peer: Handshake) -> Self {
+        Self {
+            mine,
+            peer,
+            data_out: 0,
+            ctrl_out: 0,
+            peer_data_cum: 0,
+            peer_ctrl_cum: 0,
+            data_held: 0,
+            data_received: 0,
+            data_returned: 0,
+            ctrl_returned: 0,
+            data_advertised: 0,
+            ctrl_advertised: 0,
+            fin_sent: false,
+            fin_received: false,
+        }
+    }
+
+    /// The peer's handshake.
+    #[must_use]
+    pub fn peer(&self) -> Handshake {
+        self.peer
+    }
+
+    /// Data credits left (the peer's data receives we may still fill).
+    #[must_use]
+    pub fn data_credits(&self) -> u32 {
+        self.peer.data_slots - self.data_out
+    }
+
+    /// Whether a data message may be sent now.
+    #[must_use]
+    pub fn can_send_data(&self) -> bool {
+        !self.fin_sent && self.data_out < self.peer.data_slots
+    }
+
+    fn imm(&mut self, kind: Kind) -> u32 {
+        self.data_advertised = self.data_returned;
+        self.ctrl_advertised = self.ctrl_returned;
+        (kind.code() << (2 * CUM_BITS))
+            | ((self.data_returned & CUM_MASK) << CUM_BITS)
+            | (self.ctrl_returned & CUM_MASK)
+    }
+
+    /// Takes a data credit: the immediate data of the next data message. `None` without a
+    /// credit (or after our `FIN`).
+    pub fn send_data(&mut self) -> Option<u32> {
+        if !self.can_send_data() {
+            return None;
+        }
+        self.data_out += 1;
+        Some(self.imm(Kind::Data))
+    }
+
+    fn pending_data(&self) -> u32 {
+        delta(self.data_returned, self.data_advertised)
+    }
+
+    fn pending_ctrl(&self) -> u32 {
+        delta(self.ctrl_returned, self.ctrl_advertised)
+    }
+
+    /// Whether the peer, once everything in flight has arrived, has no data credit left.
+    fn peer_blocked(&self) -> bool {
+        delta(self.data_received, self.data_advertised) >= self.mine.data_slots
+    }
+
+    /// A credit update that should go now, as its immediate data (the caller posts it);
+    /// `None` when none is due or the control budget is spent.
+    pub fn credit_update(&mut self) -> Option<u32> {
+        let data = self.pending_data();
+        let returns_data = data >= (self.mine.data_slots / 2).max(1)
+            || (data >= 1 && self.peer_blocked());
+        let confirms = self.pending_ctrl() >= 2;
+        let budget = u32::from(self.peer.ctrl_slots);
+        let allowed =
+            (returns_data && self.ctrl_out + 1 < budget) || (confirms && self.ctrl_out < budget);
+        if !allowed {
+            return None;
+        }
+        self.ctrl_out += 1;
+        Some(self.imm(Kind::Credit))
+    }
+
+    /// The `FIN` message's immediate data, once; `None` when sent already or the control budget
+    /// (less the confirmation reserve) is spent for now.
+    pub fn send_fin(&mut self) -> Option<u32> {
+        if self.fin_sent || self.ctrl_out + 1 >= u32::from(self.peer.ctrl_slots) {
+            return None;
+        }
+        self.fin_sent = true;
+        self.ctrl_out += 1;
+        Some(self.imm(Kind::Fin))
+    }
+
+    /// Whether our `FIN` went out.
+    #[must_use]
+    pub fn fin_sent(&self) -> bool {
+        self.fin_sent
+    }
+
+    /// Whether the peer's `FIN` came.
+    #[must_use]
+    pub fn fin_received(&self) -> bool {
+        self.fin_received
+    }
+
+    /// A message arrived with immediate data `imm` and `len` bytes. For [`Kind::Data`] the
+    /// caller hands it to the application and calls [`consumed`](Self::consumed) once its
+    /// receive is posted again; control messages count as posted again at once (the caller
+    /// must repost their receives before it sends anything).
+    ///
+    /// # Errors
+    /// [`ProtocolError`] when the peer broke the protocol; the state is then unspecified and
+    /// the connection must go.
+    pub fn on_receive(&mut self, imm: Option<u32>, len: u32) -> Result<Kind, ProtocolError> {
+        let imm = imm.ok_or(ProtocolError::NoImmediate)?;
+        let kind = match imm >> (2 * CUM_BITS) {
+            0 => Kind::Data,
+            1 => Kind::Credit,
+            2 => Kind::Fin,
+            _ => return Err(ProtocolError::BadKind),
+        };
+        let data_cum = (imm >> CUM_BITS) & CUM_MASK;
+        let ctrl_cum = imm & CUM_MASK;
+        let returned = delta(data_cum, self.peer_data_cum);
+        if returned > self.data_out {
+            return Err(ProtocolError::OverReturn {
+                returned,
+                outstanding: self.data_out,
+            });
+        }
+        let confirmed = delta(ctrl_cum, self.peer_ctrl_cum);
+        if confirmed > self.ctrl_out {
+            return Err(ProtocolError::OverReturn {
+                returned: confirmed,
+                outstanding: self.ctrl_out,
+            });
+        }
+        if self.fin_received && kind != Kind::Credit {
+            return Err(ProtocolError::AfterFin);
+        }
+        match kind {
+            Kind::Data => {
+                if len > self.mine.max_message {
+                    return Err(ProtocolError::TooLarge {
+                        len,
+                        max: self.mine.max_message,
+                    });
+                }
+                if self.data_held >= self.mine.data_slots {
+                    return Err(ProtocolError::NoCredit {
+                        held: self.data_held,
+                        slots: self.mine.data_slots,
+                    });
+                }
+                self.data_held += 1;
+                self.data_received = self.data_received.wrapping_add(1) & CUM_MASK;
+            }
+            Kind::Credit | Kind::Fin => {
+                self.fin_received = kind == Kind::Fin;
+                self.ctrl_returned = self.ctrl_returned.wrapping_add(1) & CUM_MASK;
+            }
+        }
+        self.data_out -= returned;
+        self.ctrl_out -= confirmed;
+        self.peer_data_cum = data_cum;
+        self.peer_ctrl_cum = ctrl_cum;
+        Ok(kind)
+    }
+
+    /// The application consumed one data message and its receive is posted again.
+    pub fn consumed(&mut self) {
+        debug_assert!(self.data_held > 0, "consumed more than received");
+        self.data_held = self.data_held.saturating_sub(1);
+        self.data_returned = self.data_returned.wrapping_add(1) & CUM_MASK;
+    }
+
+    /// Data messages held by the application.
+    #[must_use]
+    pub fn data_held(&self) -> u32 {
+        self.data_held
+    }
+
+    /// Data messages of ours not returned yet (sent and not consumed by the peer).
+    #[must_use]
+    pub fn data_outstanding(&self) -> u32 {
+        self.data_out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use std::collections::VecDeque;
+
+    fn hs(data: u32, ctrl: u16) -> Handshake {
+        Handshake {
+            data_slots: data,
+            ctrl_slots: ctrl,
+            max_message: 64,
+        }
+    }
+
+    /// One side of a simulated connection: its credits, what its application wants to send,
+    /// what it holds unconsumed, what it received.
+    struct Side {
+        credits: Credits,
+        to_send: u32,
+        next_seq: u32,
+        held: VecDeque<u32>,
+        delivered: Vec<u32>,
+        fin_wanted: bool,
+        fin_seen: bool,
+    }
+
+    /// The wire toward a side: (imm, payload sequence number or None for control).
+    type Wire = VecDeque<(u32, Option<u32>)>;
+
+    struct Pair {
+        sides: [Side; 2],
+        wires: [Wire; 2], // wires[i]: messages toward side i
+        posted: [u32; 2],
+    }
+
+    impl Pair {
+        fn new(a: Handshake, b: Handshake, sends: [u32; 2]) -> Self {
+            let side = |mine, peer, n| Side {
+                credits: Credits::new(mine, peer),
+                to_send: n,
+                next_seq: 0,
+                held: VecDeque::new(),
+                delivered: Vec::new(),
+                fin_wanted: false,
+                fin_seen: false,
+            };
+            Pair {
+                sides: [side(a, b, sends[0]), side(b, a, sends[1])],
+                wires: [VecDeque::new(), VecDeque::new()],
+                posted: [
+                    a.data_slots + u32::from(a.ctrl_slots),
+                    b.data_slots + u32::from(b.ctrl_slots),
+                ],
+            }
+        }
+
+        /// The safety property: in flight toward `i` plus held by `i` never exceeds what `i`
+        /// posted.
+        fn check(&self) {
+            for i in 0..2 {
+                let occupied = self.wires[i].len() as u32 + self.sides[i].held.len() as u32;
+                assert!(occupied <= self.posted[i], "receiver not ready at side {i}");
+            }
+        }
+
+        /// Side `i` sends what it may: data, then credit updates, then FIN.
+        fn pump(&mut self, i: usize) {
+            let peer = 1 - i;
+            let s = &mut self.sides[i];
+            while s.to_send > 0 {
+                let Some(imm) = s.credits.send_data() else { break };
+                self.wires[peer].push_back((imm, Some(s.next_seq)));
+                s.next_seq += 1;
+                s.to_send -= 1;
+            }
+            while let Some(imm) = s.credits.credit_update() {
+                self.wires[peer].push_back((imm, None));
+            }
+            if s.fin_wanted && s.to_send == 0 {
+                if let Some(imm) = s.credits.send_fin() {
+                    self.wires[peer].push_back((imm, None));
+                }
+            }
+            self.check();
+        }
+
+        /// Side `i` receives one message, if any.
+        fn deliver(&mut self, i: usize) -> bool {
+            let Some((imm, seq)) = self.wires[i].pop_front() else { return false };
+            let s = &mut self.sides[i];
+            match s.credits.on_receive(Some(imm), 1).expect("protocol error") {
+                Kind::Data => s.held.push_back(seq.expect("data carries a payload")),
+                Kind::Credit => {}
+                Kind::Fin => s.fin_seen = true,
+            }
+            self.check();
+            true
+        }
+
+        /// Side `i`'s application consumes one message, if it holds any.
+        fn consume(&mut self, i: usize) -> bool {
+            let s = &mut self.sides[i];
+            let Some(seq) = s.held.pop_front() else { return false };
+            s.delivered.push(seq);
+            s.credits.consumed();
+            true
+        }
+    }
+
+    #[derive(Debug, Clone, Copy)]
+    enum Step {
+        Pump(usize),
+        Deliver(usize),
+        Consume(usize),
+    }
+
+    fn step() -> impl Strategy<Value = Step> {
+        prop_oneof![
+            (0..2usize).prop_map(Step::Pump),
+            (0..2usize).prop_map(Step::Deliver),
+            (0..2usize).prop_map(Step::Consume),
+        ]
+    }
+
+    /// Runs everything to completion with both applications consuming: nothing may be stuck.
+    fn finish(p: &mut Pair) {
+        for _ in 0..1_000_000 {
+            let mut progress = false;
+            for i in 0..2 {
+                p.pump(i);
+                progress |= p.deliver(i);
+                progress |= p.consume(i);
+            }
+            if !progress {
+                p.pump(0);
+                p.pump(1);
+                if p.wires.iter().all(VecDeque::is_empty) {
+                    break;
+                }
+            }
+        }
+        for i in 0..2 {
+            assert_eq!(p.sides[i].to_send, 0, "side {i} could not send everything: deadlock");
+            let peer = &p.sides[1 - i];
+            let expect: Vec<u32> = (0..p.sides[i].next_seq).collect();
+            assert_eq!(peer.delivered, expect, "in order, nothing lost or doubled");
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(256))]
+
+        /// Any interleaving: never a receive overrun, never a protocol error, and once both
+        /// sides consume, everything arrives in order.
+        #[test]
+        fn safe_and_live(
+            a_data in 1u32..8, a_ctrl in 3u16..6, b_data in 1u32..8, b_ctrl in 3u16..6,
+            sends in (0u32..200, 0u32..200),
+            steps in proptest::collection::vec(step(), 0..600),
+        ) {
+            let mut p = Pair::new(hs(a_data, a_ctrl), hs(b_data, b_ctrl), [sends.0, sends.1]);
+            for s in steps {
+                match s {
+                    Step::Pump(i) => p.pump(i),
+                    Step::Deliver(i) => { p.deliver(i); }
+                    Step::Consume(i) => { p.consume(i); }
+                }
+            }
+            finish(&mut p);
+        }
+
+        /// Close delivers everything before the end: FIN comes after every data message.
+        #[test]
+        fn fin_after_all_data(sends in 0u32..100, data in 1u32..6, steps in proptest::collection::vec(step(), 0..300)) {
+            let mut p = Pair::new(hs(data, 3), hs(data, 3), [sends, 0]);
+            p.sides[0].fin_wanted = true;
+            for s in steps {
+                match s {
+                    Step::Pump(i) => p.pump(i),
+                    Step::Deliver(i) => { p.deliver(i); }
+                    Step::Consume(i) => { p.consume(i); }
+                }
+                if p.sides[1].fin_seen {
+                    // Everything sent before FIN has arrived (held or consumed).
+                    let got = p.sides[1].delivered.len() + p.sides[1].held.len();
+                    prop_assert_eq!(got as u32, sends);
+                }
+            }
+            finish(&mut p);
+            prop_assert!(p.sides[1].fin_seen);
+        }
+    }
+
+    /// Far past the 2^15 wrap of the counters, with the smallest rings.
+    #[test]
+    fn wrap_around() {
+        let mut p = Pair::new(hs(1, 3), hs(2, 3), [100_000, 70_000]);
+        finish(&mut p);
+    }
+
+    /// Both applications stop reading: both senders stop, nothing overruns, no control-message
+    /// storm (the loop reaches a fixed point).
+    #[test]
+    fn both_stalled_is_quiet() {
+        let mut p = Pair::new(hs(4, 3), hs(4, 3), [50, 50]);
+        for _ in 0..1000 {
+            for i in 0..2 {
+                p.pump(i);
+                p.deliver(i);
+            }
+        }
+        assert!(p.wires.iter().all(VecDeque::is_empty), "a storm of control messages");
+        assert_eq!(p.sides[0].held.len(), 4);
+        finish(&mut p);
+    }
+
+    #[test]
+    fn hostile_peer() {
+        let mut c = Credits::new(hs(1, 3), hs(1, 3));
+        assert_eq!(c.on_receive(None, 0), Err(ProtocolError::NoImmediate));
+        assert_eq!(c.on_receive(Some(3 << 30), 0), Err(ProtocolError::BadKind));
+        assert_eq!(c.on_receive(Some(0), 1), Ok(Kind::Data));
+        assert!(matches!(c.on_receive(Some(0), 1), Err(ProtocolError::NoCredit { .. })));
+        let mut c = Credits::new(hs(1, 3), hs(1, 3));
+        assert!(matches!(c.on_receive(Some(1 << 15), 1), Err(ProtocolError::OverReturn { .. })));
+        let mut c = Credits::new(hs(1, 3), hs(1, 3));
+        assert!(matches!(c.on_receive(Some(0), 65), Err(ProtocolError::TooLarge { .. })));
+        assert_eq!(c.on_receive(Some(2 << 30), 0), Ok(Kind::Fin));
+        assert_eq!(c.on_receive(Some(0), 1), Err(ProtocolError::AfterFin));
+    }
+}
