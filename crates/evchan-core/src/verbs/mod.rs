@@ -66,6 +66,7 @@ mod device;
 mod error;
 mod mr;
 mod qp;
+mod slots;
 mod wc;
 
 pub use crate::ffi::verbs::{MrBuffer, SendFlags, Sge};
@@ -77,4 +78,5 @@ pub use device::{Context, Device, DeviceList, Gid, GidType, LinkLayer, Mtu, Pd, 
 pub use error::{Error, PostError, Result};
 pub use mr::Mr;
 pub use qp::{Posted, Qp, QpCaps, QpState, RtrAttr, RtsAttr};
+pub use slots::{PostedSlot, Slot, SlotError, SlotPool, SlotPostError};
 pub use wc::{WcOpcode, WcStatus, WorkCompletion};

@@ -42,6 +42,7 @@ mod device;
 mod mr;
 mod qp;
 mod raw_post;
+mod slots;
 
 pub(crate) use async_event::{RawAsyncEvent, RawElement};
 pub(crate) use cq::{CompChannel, Cq, CqEventAck, RawWc};
@@ -50,6 +51,7 @@ pub use mr::MrBuffer;
 pub(crate) use mr::{Mr, Pd, Posted, OWNED_WR_ID_BIT};
 pub(crate) use qp::{check_same_context, same_context, sge_of, Qp, QpCaps, QpModify};
 pub use qp::{SendFlags, Sge};
+pub(crate) use slots::{post_slot, RawSlot, SlotOp, SlotRefusal, SlotRegion};
 
 /// A C object borrowed for `'a`, owned by someone else (librdmacm, or one of our handles):
 /// the pointer and the lifetime, nothing else. Its verbs are on the aliases below.

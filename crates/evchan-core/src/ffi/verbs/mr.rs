@@ -64,7 +64,21 @@ pub unsafe trait MrBuffer {
     fn as_slice(&self) -> &[u8];
     /// The registered bytes, mutably.
     fn as_mut_slice(&mut self) -> &mut [u8];
+
+    /// The address and length `ibv_reg_mr` registers: those of `as_mut_slice`. Only this crate
+    /// can call or override it (its argument cannot be named outside): a
+    /// [`SlotPool`](crate::verbs::SlotPool) registers bytes it never shows as a slice.
+    #[doc(hidden)]
+    fn registered_bytes(&mut self, _: Sealed) -> (*mut u8, usize) {
+        let bytes = self.as_mut_slice();
+        (bytes.as_mut_ptr(), bytes.len())
+    }
 }
+
+/// The argument of [`MrBuffer::registered_bytes`]: public, but in a private module and with a
+/// private field, so that no other crate can call or override that method.
+#[derive(Debug)]
+pub struct Sealed(pub(super) ());
 
 // SAFETY: a Vec's heap buffer does not move when the Vec is moved, and is not reallocated
 // because only its bytes (not the Vec) are reachable through the trait.
@@ -102,7 +116,7 @@ unsafe impl MrBuffer for &mut [u8] {
 /// The buffer is dropped only after `ibv_dereg_mr` succeeded; if deregistration fails, the
 /// buffer is leaked rather than freed under a live registration.
 pub(crate) struct Mr<'pd, B: MrBuffer> {
-    ptr: NonNull<sys::ibv_mr>,
+    pub(in crate::ffi) ptr: NonNull<sys::ibv_mr>,
     buf: std::mem::ManuallyDrop<B>,
     _pd: PhantomData<&'pd Pd<'pd>>,
 }
@@ -122,8 +136,7 @@ impl<'pd, B: MrBuffer> Mr<'pd, B> {
     /// `access` with local rights (remote peers would need the rkey, which a safe program can
     /// only hand out deliberately, and cannot post remote operations on this QP type).
     pub(crate) fn new(pd: &'pd Pd<'_>, mut buf: B, access: c_uint) -> Result<Self, (io::Error, B)> {
-        let bytes = buf.as_mut_slice();
-        let (addr, len) = (bytes.as_mut_ptr(), bytes.len());
+        let (addr, len) = buf.registered_bytes(Sealed(()));
         // SAFETY: live PD; `addr..addr+len` is the buffer, kept alive and in place by `self`.
         let mr = unsafe { sys::ibv_reg_mr(pd.ptr.as_ptr(), addr.cast(), len, access as c_int) };
         match NonNull::new(mr) {

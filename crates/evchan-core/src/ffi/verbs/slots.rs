@@ -1,0 +1,291 @@
+//! Registered slot pools: the allocation, the slot tokens' access to their bytes, and posting a
+//! slot (the unsafe half of `crate::verbs::slots`).
+//!
+//! # Safety
+//!
+//! A [`SlotRegion`] is one zeroed, page-aligned allocation of `count × size` bytes behind a raw
+//! pointer: Rust code holds no reference to its bytes except through a [`RawSlot`], the one
+//! token of one slot (`index`), made exactly once per index, when the region is created, and
+//! never cloned. So the references a token hands out (`bytes`, `bytes_mut`, for `&self` /
+//! `&mut self`) cover only its own slot and follow the borrow rules of the token itself.
+//!
+//! The device reaches the bytes only through a registration (`ibv_reg_mr` of the whole region,
+//! by [`MrBuffer::registered_bytes`] of the [`SlotPool`]) and only where a posted work request
+//! names them. [`post_slot`] posts exactly one slot's bytes, after checking that the slot is of
+//! the region the memory region registered and that the memory region is of the QP's PD, and
+//! returns the token *moved into* the posted request's record: while the device may read or
+//! write the slot, its token is inside a `PostedSlot`, which shows no bytes, and gives the token
+//! back only for that work request's completion (after which the device no longer touches it).
+//! A `PostedSlot` that is dropped or forgotten never gives it back: nothing can read those bytes
+//! again.
+//!
+//! The region is freed when the last `Arc` of it goes: the [`SlotPool`]'s (inside a registered
+//! `Mr` until `ibv_dereg_mr` succeeded, leaked if it failed) and every token's (including those
+//! inside posted requests). So it is never freed while registered — and once deregistered, the
+//! device can no longer reach it, posted or not (a request still queued fails with a protection
+//! error); it is never freed while a token, posted or not, could still reach it.
+//!
+//! As an [`MrBuffer`], a [`SlotPool`] shows *no* bytes (`as_slice`/`as_mut_slice` are the empty
+//! slice at the region's start): a slice of the whole pool would alias the tokens' slices, and
+//! the bytes of posted slots.
+
+use std::alloc::{self, Layout};
+use std::io;
+use std::ptr::NonNull;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use evchan_sys as sys;
+
+use super::mr::{Sealed, NEXT_OWNED_WR_ID};
+use super::{Mr, MrBuffer, QpPtr, SendFlags, Sge, OWNED_WR_ID_BIT};
+use crate::verbs::{SlotError, SlotPool};
+
+/// One allocation of `count` slots of `size` bytes, zeroed and page-aligned, reached only
+/// through raw pointers (see the module's docs).
+pub(crate) struct SlotRegion {
+    base: NonNull<u8>,
+    layout: Layout,
+    count: usize,
+    size: usize,
+}
+
+// SAFETY: the region is plain memory; every access to its bytes goes through a `RawSlot` (whose
+// own borrows order it) or through the device (ordered by posting and completions).
+unsafe impl Send for SlotRegion {}
+// SAFETY: `&SlotRegion` reads only the immutable fields (base, count, size), never the bytes.
+unsafe impl Sync for SlotRegion {}
+
+fn page_size() -> usize {
+    // SAFETY: sysconf has no preconditions.
+    let n = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    usize::try_from(n).ok().filter(|&n| n > 0).unwrap_or(4096)
+}
+
+impl SlotRegion {
+    /// Allocates the region and makes every slot's token, once.
+    pub(crate) fn new(count: usize, size: usize) -> Result<(Arc<Self>, Vec<RawSlot>), SlotError> {
+        if count == 0 {
+            return Err(SlotError::NoSlots);
+        }
+        if size == 0 {
+            return Err(SlotError::EmptySlot);
+        }
+        if u32::try_from(size).is_err() {
+            return Err(SlotError::SlotTooLarge { size });
+        }
+        let too_large = SlotError::PoolTooLarge { count, size };
+        let bytes = count.checked_mul(size).ok_or(too_large)?;
+        let page = page_size();
+        let rounded = bytes.checked_next_multiple_of(page).ok_or(too_large)?;
+        let layout = Layout::from_size_align(rounded, page).map_err(|_| too_large)?;
+        // SAFETY: `layout` has a non-zero size (count and size are at least 1).
+        let ptr = unsafe { alloc::alloc_zeroed(layout) };
+        let base = NonNull::new(ptr).ok_or(SlotError::OutOfMemory { bytes: rounded })?;
+        let region = Arc::new(SlotRegion {
+            base,
+            layout,
+            count,
+            size,
+        });
+        let slots = (0..count)
+            .map(|index| RawSlot {
+                region: Arc::clone(&region),
+                index,
+            })
+            .collect();
+        Ok((region, slots))
+    }
+
+    pub(crate) fn count(&self) -> usize {
+        self.count
+    }
+
+    pub(crate) fn slot_size(&self) -> usize {
+        self.size
+    }
+
+    /// The first byte (as an address, for `Debug` and identity; never dereferenced as such).
+    pub(crate) fn addr(&self) -> *const u8 {
+        self.base.as_ptr()
+    }
+}
+
+impl Drop for SlotRegion {
+    fn drop(&mut self) {
+        // SAFETY: allocated in `new` with `layout`, freed once. The last `Arc` is gone: no token
+        // can reach the bytes, and the pool is out of any memory region (a registered `Mr` owns
+        // it until `ibv_dereg_mr` succeeded, and leaks it otherwise), so the device cannot
+        // reach them either.
+        unsafe { alloc::dealloc(self.base.as_ptr(), self.layout) };
+    }
+}
+
+/// The exclusive token of slot `index` of `region`: made once per index by
+/// [`SlotRegion::new`], never cloned.
+pub(crate) struct RawSlot {
+    region: Arc<SlotRegion>,
+    index: usize,
+}
+
+impl RawSlot {
+    pub(crate) fn index(&self) -> usize {
+        self.index
+    }
+
+    pub(crate) fn capacity(&self) -> usize {
+        self.region.size
+    }
+
+    pub(crate) fn region(&self) -> &SlotRegion {
+        &self.region
+    }
+
+    fn start(&self) -> *mut u8 {
+        // In bounds: index < count, and count × size bytes are allocated.
+        self.region
+            .base
+            .as_ptr()
+            .wrapping_add(self.index * self.region.size)
+    }
+
+    /// The first `len` bytes of the slot (at most its capacity).
+    pub(crate) fn bytes(&self, len: usize) -> &[u8] {
+        let len = len.min(self.region.size);
+        // SAFETY: the slot's bytes are allocated (this token holds the region), initialised
+        // (zeroed at allocation, then written as bytes only), and reachable only through this
+        // token, which is not posted (a posted token is inside its `PostedSlot`, which never
+        // lends it out): the device does not write them while `&self` lives.
+        unsafe { std::slice::from_raw_parts(self.start(), len) }
+    }
+
+    /// The whole slot, mutably.
+    pub(crate) fn bytes_mut(&mut self) -> &mut [u8] {
+        // SAFETY: as in `bytes`; `&mut self` on the slot's only token makes this the only
+        // reference to these bytes.
+        unsafe { std::slice::from_raw_parts_mut(self.start(), self.region.size) }
+    }
+}
+
+// SAFETY: `as_slice`/`as_mut_slice` are the empty slice at the region's start on every call,
+// so they alias no slot; `registered_bytes` is the whole region, at one address for the pool's
+// life (the allocation never moves, and the pool's `Arc` keeps it allocated until the pool is
+// dropped, however the pool is moved).
+unsafe impl MrBuffer for SlotPool {
+    fn as_slice(&self) -> &[u8] {
+        // SAFETY: an empty slice at a non-null, aligned (u8) pointer of a live allocation.
+        unsafe { std::slice::from_raw_parts(self.raw.base.as_ptr(), 0) }
+    }
+
+    fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: as above; an empty slice aliases nothing.
+        unsafe { std::slice::from_raw_parts_mut(self.raw.base.as_ptr(), 0) }
+    }
+
+    fn registered_bytes(&mut self, _: Sealed) -> (*mut u8, usize) {
+        (self.raw.base.as_ptr(), self.raw.count * self.raw.size)
+    }
+}
+
+/// What to post a slot for.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum SlotOp {
+    /// A receive into the whole slot.
+    Recv,
+    /// A signaled SEND of the slot's first `len` bytes (none: no scatter/gather element), with
+    /// immediate data when `imm` is `Some`.
+    Send { len: usize, imm: Option<u32> },
+}
+
+/// Why a slot was not posted.
+#[derive(Debug)]
+pub(crate) enum SlotRefusal {
+    /// The slot is not of the pool that the memory region registered.
+    NotOfPool,
+    /// The memory region is of another PD than the QP's.
+    ForeignPd,
+    /// A UD QP, or the `ibv_post_*` error.
+    Io(io::Error),
+}
+
+/// The PD of a memory region.
+fn mr_pd(mr: &Mr<'_, SlotPool>) -> *mut sys::ibv_pd {
+    // SAFETY: live MR (borrowed); `pd` is written once, at registration.
+    unsafe { (*mr.ptr.as_ptr()).pd }
+}
+
+/// The PD of a QP.
+fn qp_pd(qp: QpPtr<'_>) -> *mut sys::ibv_pd {
+    // SAFETY: live QP (borrowed); `pd` is written at creation.
+    unsafe { (*qp.ptr.as_ptr()).pd }
+}
+
+/// Posts `slot` on `qp` for `op`, with a fresh owned `wr_id` (top bit set, the counter of the
+/// owned posts): `Ok(wr_id)`, the token to be kept in the posted request's record until its
+/// completion; or the refusal with the token back.
+///
+/// Refused before the call: a slot not of the region `mr` registered (compared by the region's
+/// address, which `mr`'s buffer shows and keeps allocated), an `mr` of another PD than `qp`'s
+/// (across two devices an lkey of one could name memory of the other), a UD QP (a receive there
+/// starts with a 40-byte GRH and a send needs an address handle).
+pub(crate) fn post_slot(
+    qp: QpPtr<'_>,
+    mr: &Mr<'_, SlotPool>,
+    slot: RawSlot,
+    op: SlotOp,
+) -> Result<(u64, RawSlot), (SlotRefusal, RawSlot)> {
+    if mr.bytes().as_ptr() != slot.region.addr() {
+        return Err((SlotRefusal::NotOfPool, slot));
+    }
+    if mr_pd(mr) != qp_pd(qp) {
+        return Err((SlotRefusal::ForeignPd, slot));
+    }
+    if qp.qp_type() == sys::ibv_qp_type::IBV_QPT_UD {
+        return Err((
+            SlotRefusal::Io(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "slots are posted on connected (RC) QPs only; this QP is UD",
+            )),
+            slot,
+        ));
+    }
+    let len = match op {
+        SlotOp::Recv => slot.capacity(),
+        SlotOp::Send { len, .. } => len.min(slot.capacity()),
+    };
+    let one = [Sge {
+        addr: slot.start() as u64,
+        // At most the slot size, which `SlotRegion::new` checked fits in a u32.
+        length: u32::try_from(len).unwrap_or(u32::MAX),
+        lkey: mr.lkey(),
+    }];
+    let sges: &[Sge] = if len == 0 { &[] } else { &one };
+    let wr_id = OWNED_WR_ID_BIT | NEXT_OWNED_WR_ID.fetch_add(1, Ordering::Relaxed);
+    let posted = match op {
+        // SAFETY: the element lies in slot `index` of the region `mr` registered (checked
+        // above: same region; index < count and len ≤ size, so inside the `count × size`
+        // registered bytes), under `mr`'s lkey, and `mr` is of `qp`'s PD (checked). The caller
+        // keeps the token in the request's record, which shows no bytes and gives the token
+        // back only for this request's completion, so nobody else reads or writes the slot
+        // meanwhile; the token keeps the region allocated, and a registered `Mr` keeps it
+        // allocated too. If the `Mr` is deregistered first, the device can no longer reach the
+        // bytes (the request fails with a protection error), which is as safe.
+        SlotOp::Recv => unsafe { qp.post_recv(wr_id, sges) },
+        // SAFETY: as above; the device only reads. Signaled, so there is a completion.
+        SlotOp::Send { imm, .. } => unsafe {
+            qp.post_send(
+                wr_id,
+                sges,
+                imm,
+                SendFlags {
+                    signaled: true,
+                    solicited: false,
+                },
+            )
+        },
+    };
+    match posted {
+        Ok(()) => Ok((wr_id, slot)),
+        Err(e) => Err((SlotRefusal::Io(e), slot)),
+    }
+}
