@@ -1,7 +1,64 @@
-//! Async RDMA connections on tokio.
+//! Async RDMA connections on tokio, built on [`evchan_core`]'s safe event channels.
+//!
+//! ```no_run
+//! use evchan::{Config, Connection, Listener};
+//!
+//! # async fn f() -> Result<(), evchan::Error> {
+//! // Server
+//! let listener = Listener::bind("169.254.77.1:7471".parse().unwrap(), Config::new()).await?;
+//! tokio::spawn(async move {
+//!     while let Ok(incoming) = listener.accept().await {
+//!         tokio::spawn(async move {
+//!             let mut conn = incoming.accept(b"").await?;
+//!             while let Some(msg) = conn.recv().await? {
+//!                 conn.send(msg).await?; // echo
+//!             }
+//!             Ok::<_, evchan::Error>(())
+//!         });
+//!     }
+//! });
+//!
+//! // Client
+//! let mut conn = Connection::connect("169.254.77.1:7471".parse().unwrap()).await?;
+//! conn.send("hello").await?;
+//! assert_eq!(conn.recv().await?.as_deref(), Some(&b"hello"[..]));
+//! conn.close().await;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! - [`Listener`] / [`Incoming`] / [`Connection`]: messages as [`bytes::Bytes`]; a received
+//!   message points into registered memory (zero copy) and its buffer is posted again — and
+//!   its credit returned to the peer — when the last clone is dropped.
+//! - Credit flow control ([`proto`]): a sender never overruns the receives its peer posted,
+//!   however slow the reader; `send` waits instead.
+//! - [`Stream`]: the byte-stream view (`AsyncRead` + `AsyncWrite`).
+//! - Every handle is `Send + 'static`. Behind them, shard threads own the event channels,
+//!   completion channels, ids, QPs and memory regions (see the `runtime` module's docs); on
+//!   every wake-up they read until `EAGAIN` before they clear readiness, dispatch events by id,
+//!   and arm the CQ before the last poll.
+//! - A peer that is a plain librdmacm program (no evchan handshake in its private data) works
+//!   too, without flow control of ours (its sends are retried on RNR as C programs' are).
+//!
+//! Nothing is logged by default; lifecycle events are `tracing` debug events.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+mod config;
+mod connection;
+mod error;
+mod listener;
 pub mod proto;
+mod runtime;
+mod stream;
+
+pub use config::Config;
+pub use connection::{
+    ConnectBuilder, Connection, RecvHalf, SendHalf, MAX_ACCEPT_PRIVATE_DATA,
+    MAX_CONNECT_PRIVATE_DATA, MAX_REJECT_PRIVATE_DATA,
+};
+pub use error::{Error, Lost, Result, Step};
+pub use listener::{Incoming, Listener};
+pub use stream::Stream;
 
 pub use evchan_core as core;

@@ -34,3 +34,5 @@
 pub(crate) mod addr;
 pub(crate) mod cm;
 pub(crate) mod verbs;
+#[cfg(feature = "tokio")]
+pub(crate) mod tokio_fd;

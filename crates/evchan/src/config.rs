@@ -1,0 +1,161 @@
+//! Connection settings.
+
+use std::time::Duration;
+
+use crate::error::{Error, Result};
+use crate::proto::handshake::{MAX_DATA_SLOTS, MIN_CTRL_SLOTS};
+
+/// Settings of a [`Listener`](crate::Listener) or a connection made by
+/// [`Connection::builder`](crate::Connection::builder).
+///
+/// ```
+/// use std::time::Duration;
+/// let config = evchan::Config::new()
+///     .max_message(16 * 1024)
+///     .recv_depth(32)
+///     .connect_timeout(Duration::from_secs(5));
+/// assert_eq!(config.max_message_size(), 16 * 1024);
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Config {
+    pub(crate) max_message: u32,
+    pub(crate) recv_depth: u32,
+    pub(crate) send_depth: u32,
+    pub(crate) ctrl_slots: u16,
+    pub(crate) addr_timeout: Duration,
+    pub(crate) route_timeout: Duration,
+    pub(crate) connect_timeout: Duration,
+    pub(crate) shards: usize,
+    pub(crate) backlog: u32,
+    pub(crate) cq_entries: u32,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Config {
+    /// The defaults: 4 KiB messages, 16 receives and 16 sends in flight per connection, 2 s to
+    /// resolve the address and the route each, 10 s to connect, a backlog of 128, one
+    /// event-channel shard per available CPU, 16,384 CQ entries per shard.
+    #[must_use]
+    pub fn new() -> Self {
+        Self {
+            max_message: 4096,
+            recv_depth: 16,
+            send_depth: 16,
+            ctrl_slots: 4,
+            addr_timeout: Duration::from_secs(2),
+            route_timeout: Duration::from_secs(2),
+            connect_timeout: Duration::from_secs(10),
+            shards: std::thread::available_parallelism().map_or(1, usize::from),
+            backlog: 128,
+            cq_entries: 16_384,
+        }
+    }
+
+    /// The largest message this side receives (and sends), in bytes; each receive slot has
+    /// this size. A `send` above the peer's maximum fails with
+    /// [`Error::MessageTooLarge`](crate::Error::MessageTooLarge) before anything is sent.
+    #[must_use]
+    pub fn max_message(mut self, bytes: u32) -> Self {
+        self.max_message = bytes;
+        self
+    }
+
+    /// The largest message this side receives.
+    #[must_use]
+    pub fn max_message_size(&self) -> u32 {
+        self.max_message
+    }
+
+    /// How many data messages the peer may have in flight toward this side (receive slots,
+    /// registered once per connection; the peer's credits).
+    #[must_use]
+    pub fn recv_depth(mut self, n: u32) -> Self {
+        self.recv_depth = n;
+        self
+    }
+
+    /// How many of this side's messages may be queued or in flight before `send` waits.
+    #[must_use]
+    pub fn send_depth(mut self, n: u32) -> Self {
+        self.send_depth = n;
+        self
+    }
+
+    /// The timeout of address resolution.
+    #[must_use]
+    pub fn addr_timeout(mut self, t: Duration) -> Self {
+        self.addr_timeout = t;
+        self
+    }
+
+    /// The timeout of route resolution.
+    #[must_use]
+    pub fn route_timeout(mut self, t: Duration) -> Self {
+        self.route_timeout = t;
+        self
+    }
+
+    /// The timeout from `rdma_connect` (or `rdma_accept`) to `ESTABLISHED`.
+    #[must_use]
+    pub fn connect_timeout(mut self, t: Duration) -> Self {
+        self.connect_timeout = t;
+        self
+    }
+
+    /// How many event channels (each with its own thread and completion channel) spread the
+    /// connections; at least 1. Listeners and connections with the same number share them.
+    #[must_use]
+    pub fn shards(mut self, n: usize) -> Self {
+        self.shards = n;
+        self
+    }
+
+    /// How many requests may wait for [`Listener::accept`](crate::Listener::accept); more
+    /// are rejected at once, which bounds what half-open connections cost.
+    #[must_use]
+    pub fn backlog(mut self, n: u32) -> Self {
+        self.backlog = n;
+        self
+    }
+
+    /// CQ entries of each shard (shared by its connections; each takes
+    /// `recv_depth + send_depth + 2 × 4`). Applies when the shards are first started.
+    #[must_use]
+    pub fn cq_entries(mut self, n: u32) -> Self {
+        self.cq_entries = n;
+        self
+    }
+
+    pub(crate) fn validate(&self) -> Result<()> {
+        let bad = |m: &str| Err(Error::Config(m.to_owned()));
+        if self.max_message == 0 {
+            return bad("max_message must be at least 1");
+        }
+        if !(1..=MAX_DATA_SLOTS).contains(&self.recv_depth) {
+            return bad("recv_depth must be within 1..=8192");
+        }
+        if !(1..=MAX_DATA_SLOTS).contains(&self.send_depth) {
+            return bad("send_depth must be within 1..=8192");
+        }
+        if self.ctrl_slots < MIN_CTRL_SLOTS {
+            return bad("ctrl_slots must be at least 3");
+        }
+        if self.shards == 0 {
+            return bad("shards must be at least 1");
+        }
+        if self.backlog == 0 {
+            return bad("backlog must be at least 1");
+        }
+        Ok(())
+    }
+
+    /// CQ entries one connection takes.
+    pub(crate) fn cq_cost(&self) -> u32 {
+        self.recv_depth + self.send_depth + 2 * u32::from(self.ctrl_slots)
+    }
+}

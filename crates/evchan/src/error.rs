@@ -1,0 +1,171 @@
+//! Errors of the async layer.
+
+use std::fmt;
+use std::io;
+
+use evchan_core::cm::RejectReason;
+use evchan_core::verbs::WcStatus;
+
+use crate::proto::{HandshakeError, ProtocolError};
+
+/// The result of this crate's operations.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// The step of a connection's setup that failed or timed out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Step {
+    /// `rdma_resolve_addr` → `ADDR_RESOLVED`.
+    Address,
+    /// `rdma_resolve_route` → `ROUTE_RESOLVED`.
+    Route,
+    /// `rdma_connect` (or `rdma_accept`) → `ESTABLISHED`.
+    Connect,
+}
+
+impl fmt::Display for Step {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Step::Address => "address resolution",
+            Step::Route => "route resolution",
+            Step::Connect => "connection establishment",
+        })
+    }
+}
+
+/// Why an established connection ended without a clean close.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum Lost {
+    /// The peer disconnected (`DISCONNECTED`) without closing the stream first.
+    #[error("the peer disconnected without closing")]
+    Disconnected,
+    /// The peer broke the protocol.
+    #[error("protocol violation by the peer: {0}")]
+    Protocol(#[from] ProtocolError),
+    /// A work request failed (e.g. retries exceeded: the peer is gone or the wire is cut).
+    #[error("a work request failed: {0:?}")]
+    WorkCompletion(WcStatus),
+    /// A verbs call on the connection failed.
+    #[error("{0}")]
+    Verbs(String),
+    /// The RDMA device went away (`DEVICE_REMOVAL`).
+    #[error("the RDMA device was removed")]
+    DeviceRemoved,
+    /// This side closed the connection.
+    #[error("the connection was closed")]
+    Closed,
+}
+
+/// An error of the async connection API.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// No RDMA device; the message says how to get one.
+    #[error(transparent)]
+    NoDevice(#[from] evchan_core::NoDevice),
+    /// The peer rejected the connection (`REJECTED`): reason 8 when nobody listens on the port,
+    /// 28 when the application rejected it; with the private data it sent.
+    #[error("connection rejected: {reason}")]
+    Rejected {
+        /// The IB CM reject reason.
+        reason: RejectReason,
+        /// The reject's private data (user data of an evchan peer, as sent).
+        private_data: Vec<u8>,
+    },
+    /// The peer is unreachable (`UNREACHABLE`).
+    #[error("peer unreachable: {0}")]
+    Unreachable(String),
+    /// A setup step took longer than its timeout.
+    #[error("{0} timed out")]
+    TimedOut(Step),
+    /// Address or route resolution failed (`ADDR_ERROR`, `ROUTE_ERROR`).
+    #[error("{step} failed: {source}")]
+    Resolve {
+        /// Which step.
+        step: Step,
+        /// The kernel's errno.
+        #[source]
+        source: io::Error,
+    },
+    /// `CONNECT_ERROR`: the connection could not be set up.
+    #[error("connect failed: {0}")]
+    Connect(String),
+    /// A message above the peer's maximum; refused before anything was sent.
+    #[error("a message of {len} bytes is above the maximum of {max} bytes")]
+    MessageTooLarge {
+        /// The message's length.
+        len: usize,
+        /// The largest message the peer accepts.
+        max: usize,
+    },
+    /// Private data above what the message can carry after evchan's 16-byte handshake.
+    #[error("private data of {len} bytes is above the {max} bytes this message can carry")]
+    PrivateDataTooLong {
+        /// Its length.
+        len: usize,
+        /// The limit for the user's private data.
+        max: usize,
+    },
+    /// The peer's handshake is malformed.
+    #[error("bad handshake from the peer: {0}")]
+    Handshake(#[from] HandshakeError),
+    /// The peer closed its sending side: nothing more can come (from `send` after the peer
+    /// went away cleanly).
+    #[error("the peer closed the connection")]
+    PeerClosed,
+    /// The connection ended abnormally.
+    #[error("connection lost: {0}")]
+    ConnectionLost(#[from] Lost),
+    /// The configured resources are exhausted (e.g. CQ entries of a shard).
+    #[error("resources exhausted: {0}")]
+    Exhausted(&'static str),
+    /// The configuration is invalid.
+    #[error("invalid configuration: {0}")]
+    Config(String),
+    /// An error of the safe core (rdma_cm).
+    #[error(transparent)]
+    Core(#[from] evchan_core::Error),
+    /// An error of the safe core (verbs).
+    #[error(transparent)]
+    Verbs(#[from] evchan_core::verbs::Error),
+    /// A slot pool could not be made (e.g. out of memory).
+    #[error(transparent)]
+    Slots(#[from] evchan_core::verbs::SlotError),
+    /// An OS error of the runtime (threads, descriptors).
+    #[error("evchan runtime: {0}")]
+    Io(#[from] io::Error),
+}
+
+impl Error {
+    /// Whether the error is the missing RDMA device.
+    #[must_use]
+    pub fn is_no_device(&self) -> bool {
+        match self {
+            Error::NoDevice(_) => true,
+            Error::Core(e) => matches!(e, evchan_core::Error::NoDevice(_)),
+            Error::Verbs(e) => matches!(e, evchan_core::verbs::Error::NoDevice),
+            _ => false,
+        }
+    }
+}
+
+impl From<Error> for io::Error {
+    fn from(e: Error) -> Self {
+        let kind = match &e {
+            Error::NoDevice(_) => io::ErrorKind::NotFound,
+            Error::Rejected { .. } => io::ErrorKind::ConnectionRefused,
+            Error::Unreachable(_) => io::ErrorKind::HostUnreachable,
+            Error::TimedOut(_) => io::ErrorKind::TimedOut,
+            Error::MessageTooLarge { .. }
+            | Error::PrivateDataTooLong { .. }
+            | Error::Config(_) => io::ErrorKind::InvalidInput,
+            Error::Handshake(_) => io::ErrorKind::InvalidData,
+            Error::PeerClosed => io::ErrorKind::BrokenPipe,
+            Error::ConnectionLost(Lost::Closed) => io::ErrorKind::NotConnected,
+            Error::ConnectionLost(_) => io::ErrorKind::ConnectionReset,
+            Error::Io(e) => e.kind(),
+            _ => io::ErrorKind::Other,
+        };
+        io::Error::new(kind, e)
+    }
+}

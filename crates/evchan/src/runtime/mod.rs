@@ -1,0 +1,316 @@
+//! The runtime behind every listener and connection: shard threads that own the rdma_cm event
+//! channels, the completion channels and every id.
+//!
+//! evchan-core's types borrow: an id borrows its event channel, a QP its PD and CQ. Here that
+//! stays true. One thread (`evchan-rt`) opens, per device, librdmacm's context and a PD, and per
+//! shard an event channel and, per device, a completion channel and one CQ; then, inside
+//! [`std::thread::scope`], it starts one thread per shard that borrows them. A shard thread runs
+//! a current-thread tokio runtime that drives its channels through `AsyncFd` and owns its ids,
+//! QPs and memory regions; ids accepted on one shard are migrated (`rdma_migrate_id`) to
+//! another and sent there, which scoped threads allow without `'static`. Users talk to shards
+//! through channels only, so every handle is `Send + 'static` and the crate has no `unsafe`.
+//!
+//! When the last handle of a runtime is gone, each shard finishes closing its connections, the
+//! scope ends, and the resources go in the order librdmacm and libibverbs need: CQs, completion
+//! channels, PDs, contexts, then event channels.
+
+mod conn;
+mod shard;
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, PoisonError, Weak};
+
+use bytes::Bytes;
+use tokio::sync::{mpsc, oneshot, Semaphore};
+
+use evchan_core::verbs::{CompChannel, Context, Cq, Pd};
+use evchan_core::EventChannel;
+
+use crate::config::Config;
+use crate::error::{Error, Lost, Result};
+use crate::proto::Peer;
+
+/// A connection's number, unique within its runtime (ids' addresses are reused).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub(crate) struct ConnId(pub(crate) u64);
+
+/// What a user handle asks of a shard.
+#[derive(Debug)]
+pub(crate) enum Cmd {
+    Connect {
+        conn: ConnId,
+        addr: SocketAddr,
+        config: Config,
+        private_data: Vec<u8>,
+        reply: oneshot::Sender<Result<Established>>,
+    },
+    Listen {
+        conn: ConnId,
+        addr: SocketAddr,
+        config: Config,
+        reply: oneshot::Sender<Result<(SocketAddr, mpsc::Receiver<crate::Incoming>)>>,
+    },
+    CloseListener(ConnId),
+    Accept {
+        conn: ConnId,
+        private_data: Vec<u8>,
+        reply: oneshot::Sender<Result<Established>>,
+    },
+    Reject {
+        conn: ConnId,
+        private_data: Vec<u8>,
+    },
+    Send {
+        conn: ConnId,
+        data: Bytes,
+    },
+    /// The send half is gone or shut down: `FIN` after what is queued.
+    Shutdown(ConnId),
+    /// The receive half is gone: what arrives is dropped (and credited) at once.
+    RecvDropped(ConnId),
+    /// Close: `FIN`, then disconnect, then release everything; `reply` when done.
+    Close {
+        conn: ConnId,
+        reply: Option<oneshot::Sender<()>>,
+    },
+}
+
+/// What arrives at a connection's receive half.
+#[derive(Debug)]
+pub(crate) enum Delivery {
+    Data(Bytes),
+    Fin,
+    Lost(Lost),
+}
+
+/// State shared by a connection's halves and its shard.
+#[derive(Debug)]
+pub(crate) struct Shared {
+    /// One permit per message that may be queued or in flight.
+    pub(crate) permits: Arc<Semaphore>,
+    /// Why sends fail, once the connection is over.
+    pub(crate) end: Mutex<Option<SendEnd>>,
+}
+
+/// Why sends fail.
+#[derive(Debug, Clone)]
+pub(crate) enum SendEnd {
+    PeerClosed,
+    Lost(Lost),
+}
+
+impl Shared {
+    pub(crate) fn new(permits: u32) -> Arc<Self> {
+        Arc::new(Self {
+            permits: Arc::new(Semaphore::new(permits as usize)),
+            end: Mutex::new(None),
+        })
+    }
+
+    pub(crate) fn end(&self, why: SendEnd) {
+        let mut end = self.end.lock().unwrap_or_else(PoisonError::into_inner);
+        end.get_or_insert(why);
+        self.permits.close();
+    }
+
+    pub(crate) fn permits_arc(&self) -> Arc<Semaphore> {
+        self.permits.clone()
+    }
+
+    pub(crate) fn send_error(&self) -> Error {
+        match self
+            .end
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+        {
+            Some(SendEnd::PeerClosed) => Error::PeerClosed,
+            Some(SendEnd::Lost(l)) => Error::ConnectionLost(l),
+            None => Error::ConnectionLost(Lost::Closed),
+        }
+    }
+}
+
+/// An established connection, handed from its shard to the user.
+#[derive(Debug)]
+pub(crate) struct Established {
+    pub(crate) conn: ConnId,
+    pub(crate) shard: ShardRef,
+    pub(crate) inbox: mpsc::UnboundedReceiver<Delivery>,
+    pub(crate) shared: Arc<Shared>,
+    pub(crate) local_addr: Option<SocketAddr>,
+    pub(crate) peer_addr: Option<SocketAddr>,
+    pub(crate) peer: Peer,
+    pub(crate) max_send: usize,
+}
+
+/// A set of shard threads; shared by every handle made with the same shard count. The shards
+/// run until the last `Arc` of it is gone (every handle holds one).
+#[derive(Debug)]
+pub(crate) struct Runtime {
+    shards: Vec<mpsc::UnboundedSender<Cmd>>,
+    next_shard: std::sync::atomic::AtomicUsize,
+    next_conn: std::sync::atomic::AtomicU64,
+}
+
+/// A handle's way to its shard: it keeps the whole runtime alive.
+#[derive(Debug, Clone)]
+pub(crate) struct ShardRef {
+    rt: Arc<Runtime>,
+    index: usize,
+}
+
+impl ShardRef {
+    /// Sends `cmd` to the shard; `false` when the shard is gone (its thread failed).
+    pub(crate) fn send(&self, cmd: Cmd) -> bool {
+        self.rt.shards[self.index].send(cmd).is_ok()
+    }
+}
+
+static RUNTIMES: Mutex<Vec<(usize, Weak<Runtime>)>> = Mutex::new(Vec::new());
+
+impl Runtime {
+    /// The running runtime of `config.shards` shards, or a new one.
+    pub(crate) fn shared(config: &Config) -> Result<Arc<Runtime>> {
+        config.validate()?;
+        let mut all = RUNTIMES.lock().unwrap_or_else(PoisonError::into_inner);
+        all.retain(|(_, w)| w.strong_count() > 0);
+        if let Some(rt) = all
+            .iter()
+            .find(|(n, _)| *n == config.shards)
+            .and_then(|(_, w)| w.upgrade())
+        {
+            return Ok(rt);
+        }
+        let rt = Self::start(config.shards, config.cq_entries)?;
+        all.push((config.shards, Arc::downgrade(&rt)));
+        Ok(rt)
+    }
+
+    fn start(shards: usize, cq_entries: u32) -> Result<Arc<Runtime>> {
+        let (txs, rxs): (Vec<_>, Vec<_>) = (0..shards).map(|_| mpsc::unbounded_channel()).unzip();
+        let rt = Arc::new(Runtime {
+            shards: txs,
+            next_shard: std::sync::atomic::AtomicUsize::new(0),
+            next_conn: std::sync::atomic::AtomicU64::new(1),
+        });
+        let weak = Arc::downgrade(&rt);
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+        std::thread::Builder::new()
+            .name("evchan-rt".into())
+            .spawn(move || run(rxs, &weak, cq_entries, &ready_tx))?;
+        match ready_rx.recv() {
+            Ok(Ok(())) => Ok(rt),
+            Ok(Err(e)) => Err(e),
+            Err(_) => Err(Error::Io(std::io::Error::other(
+                "the evchan runtime thread ended during startup",
+            ))),
+        }
+    }
+
+    /// A shard for a new id (round robin).
+    pub(crate) fn pick(self: &Arc<Self>) -> ShardRef {
+        let n = self
+            .next_shard
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.shard(n % self.shards.len())
+    }
+
+    pub(crate) fn shard(self: &Arc<Self>, index: usize) -> ShardRef {
+        ShardRef {
+            rt: self.clone(),
+            index,
+        }
+    }
+
+
+    pub(crate) fn conn_id(&self) -> ConnId {
+        ConnId(
+            self.next_conn
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+        )
+    }
+}
+
+/// Per device: librdmacm's context and its name.
+struct Device {
+    ctx: Context,
+    name: String,
+}
+
+/// The runtime thread: opens everything, runs the shards in a scope, then closes everything.
+fn run(
+    rxs: Vec<mpsc::UnboundedReceiver<Cmd>>,
+    rt: &Weak<Runtime>,
+    cq_entries: u32,
+    ready: &std::sync::mpsc::Sender<Result<()>>,
+) {
+    // Declaration order is the reverse of drop order: event channels last (their ids are gone
+    // by then), CQs before their completion channels, PDs before their contexts.
+    let channels: Vec<EventChannel> = match (0..rxs.len()).map(|_| EventChannel::new()).collect() {
+        Ok(c) => c,
+        Err(e) => return drop(ready.send(Err(Error::Core(e)))),
+    };
+    let devices: Vec<Device> = match Context::rdma_cm_devices() {
+        Ok(list) => list
+            .into_iter()
+            .map(|ctx| Device {
+                name: ctx.name(),
+                ctx,
+            })
+            .collect(),
+        Err(e) => return drop(ready.send(Err(Error::Verbs(e)))),
+    };
+    let opened = (|| -> Result<_> {
+        let pds: Vec<Pd<'_>> = devices
+            .iter()
+            .map(|d| Pd::new(&d.ctx))
+            .collect::<std::result::Result<_, _>>()?;
+        let comps: Vec<Vec<CompChannel<'_>>> = (0..rxs.len())
+            .map(|_| devices.iter().map(|d| CompChannel::new(&d.ctx)).collect())
+            .collect::<std::result::Result<_, _>>()?;
+        Ok((pds, comps))
+    })();
+    let (pds, comps) = match opened {
+        Ok(x) => x,
+        Err(e) => return drop(ready.send(Err(e))),
+    };
+    let cqs: Vec<Vec<Cq<'_>>> = match comps
+        .iter()
+        .map(|per_dev| per_dev.iter().map(|c| Cq::new(c, cq_entries)).collect())
+        .collect::<std::result::Result<_, _>>()
+    {
+        Ok(c) => c,
+        Err(e) => return drop(ready.send(Err(Error::Verbs(e)))),
+    };
+    if ready.send(Ok(())).is_err() {
+        return;
+    }
+    let names: Vec<String> = devices.iter().map(|d| d.name.clone()).collect();
+    let (peer_txs, peer_rxs): (Vec<_>, Vec<_>) =
+        (0..rxs.len()).map(|_| mpsc::unbounded_channel()).unzip();
+    std::thread::scope(|scope| {
+        for (k, ((rx, peer_rx), cqs)) in rxs.into_iter().zip(peer_rxs).zip(&cqs).enumerate() {
+            let env = shard::Env {
+                index: k,
+                channels: &channels,
+                names: &names,
+                pds: &pds,
+                comps: &comps[k],
+                cqs,
+                cq_entries,
+                rt: rt.clone(),
+                peers: peer_txs.clone(),
+            };
+            let spawned = std::thread::Builder::new()
+                .name(format!("evchan-shard-{k}"))
+                .spawn_scoped(scope, move || shard::run(env, rx, peer_rx));
+            if let Err(e) = spawned {
+                tracing::error!("evchan: cannot start shard {k}: {e}");
+            }
+        }
+        drop(peer_txs);
+    });
+    // Dropped in reverse declaration order: CQs, completion channels, PDs, contexts, event
+    // channels.
+}

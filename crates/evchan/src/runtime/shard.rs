@@ -1,0 +1,1380 @@
+//! One shard: an event channel, per device a completion channel and CQ, and the connections
+//! whose ids live on that channel, driven by a current-thread tokio runtime.
+
+use std::collections::HashMap;
+use std::future::poll_fn;
+use std::io;
+use std::net::SocketAddr;
+use std::os::fd::AsFd;
+use std::sync::{Arc, Weak};
+use std::task::Poll;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use tokio::sync::{mpsc, oneshot};
+
+use evchan_core::cm::state::Requested;
+use evchan_core::cm::{ConnParam, EventKind, IdKey, PortSpace, Status};
+use evchan_core::verbs::{
+    CompChannel, Cq, Pd, PostedSlot, QpInit, Slot, SlotPool, WcStatus, WorkCompletion,
+};
+use evchan_core::{CmEvent, CmId, EventChannel, Readable};
+
+use super::conn::{with_id, Conn, IdState, Path, Phase};
+use super::{Cmd, ConnId, Delivery, Established, Runtime, SendEnd, Shared};
+use crate::config::Config;
+use crate::error::{Error, Lost, Result, Step};
+use crate::proto::{self, Credits, Handshake, Kind, Peer};
+
+/// How long a closing connection may take to drain before its id is destroyed anyway.
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(15);
+/// How many completions one poll takes.
+const POLL_BATCH: usize = 64;
+
+/// What a shard borrows from the runtime thread.
+pub(super) struct Env<'s, 'c> {
+    pub(super) index: usize,
+    pub(super) channels: &'s [EventChannel],
+    pub(super) names: &'s [String],
+    pub(super) pds: &'s [Pd<'c>],
+    pub(super) comps: &'s [CompChannel<'c>],
+    pub(super) cqs: &'s [Cq<'c>],
+    pub(super) cq_entries: u32,
+    pub(super) rt: Weak<Runtime>,
+    pub(super) peers: Vec<mpsc::UnboundedSender<Migrated<'s>>>,
+}
+
+/// A request migrated here from the listener's shard.
+pub(super) struct Migrated<'s> {
+    id: CmId<'s, Requested>,
+    conn: ConnId,
+    config: Config,
+    peer: Peer,
+    accept_queue: mpsc::Sender<crate::Incoming>,
+}
+
+struct Listening<'s> {
+    id: CmId<'s, evchan_core::cm::state::Listening>,
+    config: Config,
+    accept_queue: mpsc::Sender<crate::Incoming>,
+}
+
+struct PostedWr {
+    conn: ConnId,
+    slot: PostedSlot,
+    kind: WrKind,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum WrKind {
+    Recv,
+    Data,
+    Ctrl,
+}
+
+/// A received message's slot as the owner of its `Bytes`: dropping the last clone sends the
+/// slot back to the shard, which posts it again and returns the credit.
+struct RecvBuf {
+    slot: Option<Slot>,
+    conn: ConnId,
+    back: mpsc::UnboundedSender<(ConnId, Slot)>,
+}
+
+impl AsRef<[u8]> for RecvBuf {
+    fn as_ref(&self) -> &[u8] {
+        self.slot.as_ref().map_or(&[], Slot::as_slice)
+    }
+}
+
+impl Drop for RecvBuf {
+    fn drop(&mut self) {
+        if let Some(slot) = self.slot.take() {
+            // The shard may be gone; the slot's memory is then freed with it.
+            let _ = self.back.send((self.conn, slot));
+        }
+    }
+}
+
+struct Shard<'s, 'c> {
+    env: Env<'s, 'c>,
+    channel: &'s EventChannel,
+    conns: HashMap<ConnId, Conn<'s>>,
+    by_key: HashMap<IdKey, ConnId>,
+    listeners: HashMap<ConnId, Listening<'s>>,
+    listener_keys: HashMap<IdKey, ConnId>,
+    posted: HashMap<u64, PostedWr>,
+    cq_free: Vec<u32>,
+    slots_back: mpsc::UnboundedSender<(ConnId, Slot)>,
+    wcs: Vec<WorkCompletion>,
+    /// Connections with something to send.
+    dirty: Vec<ConnId>,
+    closed_rx: bool,
+}
+
+pub(super) fn run<'s, 'c>(
+    env: Env<'s, 'c>,
+    rx: mpsc::UnboundedReceiver<Cmd>,
+    peer_rx: mpsc::UnboundedReceiver<Migrated<'s>>,
+) {
+    let rt = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => return tracing::error!("evchan shard {}: no tokio runtime: {e}", env.index),
+    };
+    let span = tracing::debug_span!("evchan.shard", shard = env.index);
+    let _enter = span.enter();
+    rt.block_on(async move {
+        if let Err(e) = drive(env, rx, peer_rx).await {
+            tracing::error!("evchan shard stopped: {e}");
+        }
+    });
+}
+
+async fn drive<'s, 'c>(
+    env: Env<'s, 'c>,
+    mut rx: mpsc::UnboundedReceiver<Cmd>,
+    mut peer_rx: mpsc::UnboundedReceiver<Migrated<'s>>,
+) -> io::Result<()> {
+    let channel = &env.channels[env.index];
+    // Registered with this thread's reactor; they borrow the descriptors, which the runtime
+    // thread closes only after this shard has returned.
+    let cm_fd = Readable::new(channel.as_fd())?;
+    let comp_fds = env
+        .comps
+        .iter()
+        .map(|c| Readable::new(c.fd()))
+        .collect::<io::Result<Vec<_>>>()?;
+    let (slots_back, mut slots_rx) = mpsc::unbounded_channel();
+    let mut shard = Shard {
+        cq_free: vec![env.cq_entries; env.cqs.len()],
+        env,
+        channel,
+        conns: HashMap::new(),
+        by_key: HashMap::new(),
+        listeners: HashMap::new(),
+        listener_keys: HashMap::new(),
+        posted: HashMap::new(),
+        slots_back,
+        wcs: Vec::with_capacity(POLL_BATCH),
+        dirty: Vec::new(),
+        closed_rx: false,
+    };
+    for d in 0..shard.env.cqs.len() {
+        shard.arm_and_poll(d);
+    }
+    loop {
+        if shard.closed_rx && shard.conns.is_empty() && shard.listeners.is_empty() {
+            break;
+        }
+        let deadline = shard.next_deadline();
+        tokio::select! {
+            guard = cm_fd.ready() => {
+                let mut guard = guard?;
+                // Drain every event, then clear readiness: an edge is never lost.
+                shard.drain_cm();
+                guard.clear_ready();
+            }
+            (d, guard) = poll_fn(|cx| {
+                for (d, fd) in comp_fds.iter().enumerate() {
+                    if let Poll::Ready(g) = fd.poll_ready(cx) {
+                        return Poll::Ready((d, g));
+                    }
+                }
+                Poll::Pending
+            }) => {
+                let mut guard = guard?;
+                shard.drain_cq_events(d);
+                guard.clear_ready();
+                shard.arm_and_poll(d);
+            }
+            cmd = rx.recv(), if !shard.closed_rx => match cmd {
+                Some(cmd) => {
+                    shard.on_cmd(cmd);
+                    while let Ok(cmd) = rx.try_recv() {
+                        shard.on_cmd(cmd);
+                    }
+                }
+                None => shard.on_all_handles_gone(),
+            },
+            Some(m) = peer_rx.recv() => shard.on_migrated(m),
+            Some((conn, slot)) = slots_rx.recv() => {
+                shard.on_slot_back(conn, slot);
+                while let Ok((conn, slot)) = slots_rx.try_recv() {
+                    shard.on_slot_back(conn, slot);
+                }
+            }
+            () = sleep_until(deadline) => shard.on_deadlines(),
+        }
+        shard.flush_dirty();
+    }
+    drop(comp_fds);
+    drop(cm_fd);
+    Ok(())
+}
+
+async fn sleep_until(deadline: Option<Instant>) {
+    match deadline {
+        Some(d) => tokio::time::sleep_until(d.into()).await,
+        None => std::future::pending().await,
+    }
+}
+
+fn status_error(step: Step, status: Status) -> Error {
+    match status.io_error() {
+        Some(e) if e.raw_os_error() == Some(libc_etimedout()) => Error::TimedOut(step),
+        Some(source) => Error::Resolve { step, source },
+        None => Error::Resolve {
+            step,
+            source: io::Error::other(status.to_string()),
+        },
+    }
+}
+
+fn libc_etimedout() -> i32 {
+    io::Error::from(io::ErrorKind::TimedOut)
+        .raw_os_error()
+        .unwrap_or(110)
+}
+
+impl<'s, 'c> Shard<'s, 'c> {
+    fn next_deadline(&self) -> Option<Instant> {
+        self.conns.values().filter_map(|c| c.deadline).min()
+    }
+
+    fn runtime(&self) -> Option<Arc<Runtime>> {
+        self.env.rt.upgrade()
+    }
+
+    // ---------------------------------------------------------------------------------------
+    // Commands from user handles
+    // ---------------------------------------------------------------------------------------
+
+    fn on_cmd(&mut self, cmd: Cmd) {
+        match cmd {
+            Cmd::Connect {
+                conn,
+                addr,
+                config,
+                private_data,
+                reply,
+            } => self.connect(conn, addr, config, private_data, reply),
+            Cmd::Listen {
+                conn,
+                addr,
+                config,
+                reply,
+            } => {
+                let _ = reply.send(self.listen(conn, addr, config));
+            }
+            Cmd::CloseListener(conn) => {
+                if let Some(l) = self.listeners.remove(&conn) {
+                    self.listener_keys.remove(&l.id.key());
+                    tracing::debug!(?conn, "listener closed");
+                }
+            }
+            Cmd::Accept {
+                conn,
+                private_data,
+                reply,
+            } => self.accept(conn, private_data, reply),
+            Cmd::Reject { conn, private_data } => self.reject(conn, &private_data),
+            Cmd::Send { conn, data } => {
+                if let Some(c) = self.conns.get_mut(&conn) {
+                    if c.phase == Phase::Open && !c.want_fin {
+                        c.outbox.push_back(data);
+                        self.dirty.push(conn);
+                    }
+                }
+            }
+            Cmd::Shutdown(conn) => {
+                if let Some(c) = self.conns.get_mut(&conn) {
+                    c.want_fin = true;
+                    self.dirty.push(conn);
+                }
+            }
+            Cmd::RecvDropped(conn) => {
+                if let Some(c) = self.conns.get_mut(&conn) {
+                    c.inbox = None;
+                }
+            }
+            Cmd::Close { conn, reply } => self.close(conn, reply),
+        }
+    }
+
+    fn on_all_handles_gone(&mut self) {
+        self.closed_rx = true;
+        self.listeners.clear();
+        self.listener_keys.clear();
+        let all: Vec<ConnId> = self.conns.keys().copied().collect();
+        for conn in all {
+            self.close(conn, None);
+        }
+    }
+
+    fn connect(
+        &mut self,
+        conn: ConnId,
+        addr: SocketAddr,
+        config: Config,
+        private_data: Vec<u8>,
+        reply: oneshot::Sender<Result<Established>>,
+    ) {
+        let id = match CmId::new(self.channel, PortSpace::Tcp) {
+            Ok(id) => id,
+            Err(e) => return drop(reply.send(Err(e.into()))),
+        };
+        let id = match id.resolve_addr(None, addr, config.addr_timeout) {
+            Ok(id) => id,
+            Err(e) => return drop(reply.send(Err(e.error.into()))),
+        };
+        tracing::debug!(?conn, %addr, "connecting");
+        let key = id.key();
+        let mut c = Conn::new(
+            IdState::ResolvingAddr(id),
+            Phase::Setup(Step::Address),
+            config,
+        );
+        c.deadline = Some(Instant::now() + c.config.addr_timeout + Duration::from_secs(1));
+        c.private_data = private_data;
+        c.reply = Some(reply);
+        c.peer_addr = Some(addr);
+        self.by_key.insert(key, conn);
+        self.conns.insert(conn, c);
+    }
+
+    fn listen(
+        &mut self,
+        conn: ConnId,
+        addr: SocketAddr,
+        config: Config,
+    ) -> Result<(SocketAddr, mpsc::Receiver<crate::Incoming>)> {
+        let id = CmId::new(self.channel, PortSpace::Tcp)?;
+        let id = id.bind(addr).map_err(|e| e.error)?;
+        let backlog = i32::try_from(config.backlog).unwrap_or(i32::MAX);
+        let id = id.listen(backlog).map_err(|e| e.error)?;
+        let local = id.local_addr().unwrap_or(addr);
+        let (tx, rx) = mpsc::channel(config.backlog as usize);
+        self.listener_keys.insert(id.key(), conn);
+        self.listeners.insert(
+            conn,
+            Listening {
+                id,
+                config,
+                accept_queue: tx,
+            },
+        );
+        tracing::debug!(?conn, %local, "listening");
+        Ok((local, rx))
+    }
+
+    fn accept(
+        &mut self,
+        conn: ConnId,
+        private_data: Vec<u8>,
+        reply: oneshot::Sender<Result<Established>>,
+    ) {
+        let Some(c) = self.conns.get_mut(&conn) else {
+            return drop(reply.send(Err(Error::ConnectionLost(Lost::Disconnected))));
+        };
+        let IdState::Requested(_) = &c.id else {
+            return drop(reply.send(Err(Error::ConnectionLost(Lost::Closed))));
+        };
+        c.private_data = private_data;
+        c.reply = Some(reply);
+        c.phase = Phase::Setup(Step::Connect);
+        c.deadline = Some(Instant::now() + c.config.connect_timeout);
+        if let Err(e) = self.setup_path(conn) {
+            return self.fail_setup(conn, e);
+        }
+        let c = self.conns.get_mut(&conn).expect("present");
+        let IdState::Requested(id) = std::mem::replace(&mut c.id, IdState::Gone) else {
+            unreachable!("checked above")
+        };
+        let wire = c.path.as_ref().map(|p| p.mine.encode(&c.private_data));
+        let param = ConnParam::new()
+            .private_data(wire.as_deref().unwrap_or(&[]))
+            .rnr_retry_count(7);
+        match id.accept(&param) {
+            Ok(id) => c.id = IdState::Connecting(id),
+            Err(e) => {
+                c.id = IdState::Requested(e.id);
+                self.fail_setup(conn, e.error.into());
+            }
+        }
+    }
+
+    fn reject(&mut self, conn: ConnId, private_data: &[u8]) {
+        let Some(mut c) = self.remove(conn) else {
+            return;
+        };
+        if let IdState::Requested(id) = std::mem::replace(&mut c.id, IdState::Gone) {
+            if let Err(e) = id.reject(private_data) {
+                tracing::debug!(?conn, "reject failed: {}", e.error);
+            }
+        }
+        self.release(c);
+    }
+
+    fn close(&mut self, conn: ConnId, reply: Option<oneshot::Sender<()>>) {
+        let Some(c) = self.conns.get_mut(&conn) else {
+            if let Some(r) = reply {
+                let _ = r.send(());
+            }
+            return;
+        };
+        c.close_waiters.extend(reply);
+        c.inbox = None;
+        match c.phase {
+            Phase::Open => {
+                c.want_fin = true;
+                c.closing = true;
+                if c.deadline.is_none() {
+                    c.deadline = Some(Instant::now() + DRAIN_TIMEOUT);
+                }
+                self.dirty.push(conn);
+            }
+            Phase::Draining => {}
+            Phase::Setup(_) | Phase::Requested => {
+                if let Some(r) = c.reply.take() {
+                    let _ = r.send(Err(Error::ConnectionLost(Lost::Closed)));
+                }
+                if let Some(c) = self.remove(conn) {
+                    self.release(c);
+                }
+            }
+        }
+    }
+
+    // ---------------------------------------------------------------------------------------
+    // rdma_cm events
+    // ---------------------------------------------------------------------------------------
+
+    fn drain_cm(&mut self) {
+        loop {
+            match self.channel.try_get_event() {
+                Ok(Some(event)) => self.on_cm_event(event),
+                Ok(None) => break,
+                Err(e) => {
+                    tracing::error!("rdma_get_cm_event: {e}");
+                    break;
+                }
+            }
+        }
+    }
+
+    fn on_cm_event(&mut self, mut event: CmEvent<'s>) {
+        let kind = event.kind();
+        if kind == EventKind::ConnectRequest {
+            let Some(listener) = event.listener().and_then(|k| self.listener_keys.get(&k)) else {
+                return;
+            };
+            let listener = *listener;
+            let private_data = event.private_data().to_vec();
+            let request = event.take_request();
+            event.ack();
+            if let Some(id) = request {
+                self.on_request(listener, id, &private_data);
+            }
+            return;
+        }
+        if let Some(&l) = self.listener_keys.get(&event.id()) {
+            if kind == EventKind::DeviceRemoval {
+                tracing::debug!(listener = ?l, "device removed under the listener");
+                if let Some(l) = self.listeners.remove(&l) {
+                    self.listener_keys.remove(&l.id.key());
+                }
+            }
+            return;
+        }
+        let Some(&conn) = self.by_key.get(&event.id()) else {
+            return;
+        };
+        let phase = self.conns.get(&conn).map(|c| c.phase);
+        tracing::debug!(?conn, %kind, status = %event.status(), ?phase, "cm event");
+        match phase {
+            Some(Phase::Setup(_) | Phase::Requested) => self.on_setup_event(conn, &event),
+            Some(Phase::Open | Phase::Draining) => match kind {
+                EventKind::Disconnected | EventKind::DeviceRemoval => {
+                    drop(event);
+                    self.on_disconnected(conn, kind == EventKind::DeviceRemoval);
+                }
+                _ => {}
+            },
+            None => {}
+        }
+    }
+
+    fn on_request(&mut self, listener: ConnId, id: CmId<'s, Requested>, private_data: &[u8]) {
+        let Some(l) = self.listeners.get(&listener) else {
+            return;
+        };
+        let peer = match proto::decode(private_data) {
+            Ok(p) => p,
+            Err(e) => {
+                tracing::debug!("request with a bad handshake rejected: {e}");
+                let _ = id.reject(b"evchan: bad handshake");
+                return;
+            }
+        };
+        if l.accept_queue.capacity() == 0 {
+            tracing::debug!("backlog full: request rejected");
+            let _ = id.reject(&[]);
+            return;
+        }
+        let Some(rt) = self.runtime() else {
+            let _ = id.reject(&[]);
+            return;
+        };
+        let conn = rt.conn_id();
+        let target = usize::try_from(conn.0).unwrap_or(0) % self.env.peers.len();
+        let m = Migrated {
+            id,
+            conn,
+            config: l.config.clone(),
+            peer,
+            accept_queue: l.accept_queue.clone(),
+        };
+        if target == self.env.index {
+            return self.on_migrated(m);
+        }
+        let Migrated {
+            id,
+            conn,
+            config,
+            peer,
+            accept_queue,
+        } = m;
+        match id.migrate(&self.env.channels[target]) {
+            Ok(id) => {
+                let m = Migrated {
+                    id,
+                    conn,
+                    config,
+                    peer,
+                    accept_queue,
+                };
+                if let Err(back) = self.env.peers[target].send(m) {
+                    let _ = back.0.id.reject(&[]);
+                }
+            }
+            Err(e) => self.on_migrated(Migrated {
+                id: e.id,
+                conn,
+                config,
+                peer,
+                accept_queue,
+            }),
+        }
+    }
+
+    fn on_migrated(&mut self, m: Migrated<'s>) {
+        let Some(rt) = self.runtime() else {
+            let _ = m.id.reject(&[]);
+            return;
+        };
+        let key = m.id.key();
+        let peer_addr = m.id.peer_addr();
+        let local_addr = m.id.local_addr();
+        let private_data = match &m.peer {
+            Peer::Evchan(_, user) | Peer::Plain(user) => user.clone(),
+        };
+        let incoming = crate::Incoming::new(
+            rt.shard(self.env.index),
+            m.conn,
+            peer_addr,
+            local_addr,
+            private_data,
+        );
+        if m.accept_queue.try_send(incoming).is_err() {
+            // Backlog full or the listener is gone. (The Incoming's drop sends a reject that
+            // finds nothing: the id is rejected here.)
+            let _ = m.id.reject(&[]);
+            return;
+        }
+        let mut c = Conn::new(IdState::Requested(m.id), Phase::Requested, m.config);
+        c.peer = Some(m.peer);
+        c.peer_addr = peer_addr;
+        c.local_addr = local_addr;
+        self.by_key.insert(key, m.conn);
+        self.conns.insert(m.conn, c);
+    }
+
+    fn on_setup_event(&mut self, conn: ConnId, event: &CmEvent<'s>) {
+        let c = self.conns.get_mut(&conn).expect("present");
+        let kind = event.kind();
+        let status = event.status();
+        let state = std::mem::replace(&mut c.id, IdState::Gone);
+        let result: Result<()> = match (state, kind) {
+            (IdState::ResolvingAddr(id), EventKind::AddrResolved) => match id.addr_resolved(event)
+            {
+                Ok(id) => match id.resolve_route(c.config.route_timeout) {
+                    Ok(id) => {
+                        c.id = IdState::ResolvingRoute(id);
+                        c.phase = Phase::Setup(Step::Route);
+                        c.deadline =
+                            Some(Instant::now() + c.config.route_timeout + Duration::from_secs(1));
+                        Ok(())
+                    }
+                    Err(e) => Err(e.error.into()),
+                },
+                Err(e) => Err(e.error.into()),
+            },
+            (IdState::ResolvingRoute(id), EventKind::RouteResolved) => {
+                match id.route_resolved(event) {
+                    Ok(id) => {
+                        // The id borrows the CQ for the QP below; its state is RouteResolved.
+                        return self.connect_routed(conn, id);
+                    }
+                    Err(e) => Err(e.error.into()),
+                }
+            }
+            (IdState::Connecting(id), EventKind::Established) => match id.established(event) {
+                Ok(id) => {
+                    c.id = IdState::Connected(id);
+                    let peer_data = event.private_data().to_vec();
+                    return self.on_established(conn, &peer_data);
+                }
+                Err(e) => {
+                    c.id = IdState::Connecting(e.id);
+                    Err(e.error.into())
+                }
+            },
+            (state, EventKind::AddrError) => {
+                c.id = state;
+                Err(status_error(Step::Address, status))
+            }
+            (state, EventKind::RouteError) => {
+                c.id = state;
+                Err(status_error(Step::Route, status))
+            }
+            (state, EventKind::Rejected) => {
+                c.id = state;
+                let private_data = match proto::decode(event.private_data()) {
+                    Ok(Peer::Evchan(_, user)) => user,
+                    _ => trim_zeros(event.private_data()),
+                };
+                Err(Error::Rejected {
+                    reason: status
+                        .reject_reason()
+                        .unwrap_or(evchan_core::cm::RejectReason(event.raw_status())),
+                    private_data,
+                })
+            }
+            (state, EventKind::Unreachable) => {
+                c.id = state;
+                Err(match status.io_error() {
+                    Some(e) if e.raw_os_error() == Some(libc_etimedout()) => {
+                        Error::TimedOut(Step::Connect)
+                    }
+                    _ => Error::Unreachable(status.to_string()),
+                })
+            }
+            (state, EventKind::ConnectError) => {
+                c.id = state;
+                Err(Error::Connect(status.to_string()))
+            }
+            (state, EventKind::Disconnected | EventKind::DeviceRemoval) => {
+                c.id = state;
+                Err(Error::ConnectionLost(if kind == EventKind::DeviceRemoval {
+                    Lost::DeviceRemoved
+                } else {
+                    Lost::Disconnected
+                }))
+            }
+            (state, _) => {
+                c.id = state;
+                tracing::debug!(?conn, %kind, "event ignored during setup");
+                Ok(())
+            }
+        };
+        if let Err(e) = result {
+            self.fail_setup(conn, e);
+        }
+    }
+
+    fn connect_routed(
+        &mut self,
+        conn: ConnId,
+        id: CmId<'s, evchan_core::cm::state::RouteResolved>,
+    ) {
+        let c = self.conns.get_mut(&conn).expect("present");
+        c.phase = Phase::Setup(Step::Connect);
+        c.deadline = Some(Instant::now() + c.config.connect_timeout);
+        let mut id = id;
+        if let Err(e) = self.make_path(conn, &mut PathTarget::Routed(&mut id)) {
+            drop(id);
+            return self.fail_setup(conn, e);
+        }
+        let c = self.conns.get_mut(&conn).expect("present");
+        let wire = c.path.as_ref().map(|p| p.mine.encode(&c.private_data));
+        let param = ConnParam::new()
+            .private_data(wire.as_deref().unwrap_or(&[]))
+            .rnr_retry_count(7);
+        match id.connect(&param) {
+            Ok(id) => c.id = IdState::Connecting(id),
+            Err(e) => {
+                drop(e.id);
+                self.fail_setup(conn, e.error.into());
+            }
+        }
+    }
+
+    fn on_established(&mut self, conn: ConnId, peer_data: &[u8]) {
+        let Some(rt) = self.runtime() else {
+            return self.fail_setup(conn, Error::ConnectionLost(Lost::Closed));
+        };
+        let c = self.conns.get_mut(&conn).expect("present");
+        if c.peer.is_none() {
+            match proto::decode(peer_data) {
+                Ok(p) => c.peer = Some(p),
+                Err(e) => return self.fail_setup(conn, e.into()),
+            }
+        }
+        let path = c.path.as_ref().expect("a connected id has its path");
+        let mut max_send = c.config.max_message as usize;
+        c.credits = match c.peer.as_ref() {
+            Some(Peer::Evchan(hs, _)) => {
+                max_send = max_send.min(hs.max_message as usize);
+                Some(Credits::new(path.mine, *hs))
+            }
+            _ => None,
+        };
+        let (tx, inbox) = mpsc::unbounded_channel();
+        let shared = Shared::new(c.config.send_depth);
+        c.inbox = Some(tx);
+        c.shared = Some(shared.clone());
+        c.phase = Phase::Open;
+        c.deadline = None;
+        if let IdState::Connected(id) = &c.id {
+            c.local_addr = id.local_addr();
+            c.peer_addr = id.peer_addr().or(c.peer_addr);
+        }
+        let peer = c.peer.clone().unwrap_or(Peer::Plain(Vec::new()));
+        let established = Established {
+            conn,
+            shard: rt.shard(self.env.index),
+            inbox,
+            shared,
+            local_addr: c.local_addr,
+            peer_addr: c.peer_addr,
+            peer,
+            max_send,
+        };
+        tracing::debug!(?conn, peer = ?c.peer_addr, "established");
+        if let Some(reply) = c.reply.take() {
+            if reply.send(Ok(established)).is_err() {
+                // The connect or accept future was dropped: close it.
+                self.close(conn, None);
+            }
+        }
+        self.dirty.push(conn);
+    }
+
+    fn on_disconnected(&mut self, conn: ConnId, removed: bool) {
+        // Completions that came before the disconnect are delivered first.
+        if let Some(d) = self.conns.get(&conn).and_then(|c| c.path.as_ref()).map(|p| p.dev) {
+            self.poll_cq(d);
+        }
+        let Some(c) = self.conns.get_mut(&conn) else {
+            return;
+        };
+        c.disconnected = true;
+        if let IdState::Connected(id) = std::mem::replace(&mut c.id, IdState::Gone) {
+            c.id = match id.disconnect() {
+                Ok(id) => IdState::Disconnected(id),
+                Err(e) => IdState::Connected(e.id),
+            };
+        } else if let IdState::Connecting(id) = std::mem::replace(&mut c.id, IdState::Gone) {
+            c.id = match id.disconnect() {
+                Ok(id) => IdState::Disconnected(id),
+                Err(e) => IdState::Connecting(e.id),
+            };
+        }
+        let lost = if removed {
+            Some(Lost::DeviceRemoved)
+        } else if c.closing || c.credits.as_ref().is_none_or(Credits::fin_received) {
+            None
+        } else {
+            Some(Lost::Disconnected)
+        };
+        if !c.ended {
+            c.ended = true;
+            if let Some(inbox) = &c.inbox {
+                let _ = inbox.send(match &lost {
+                    None => Delivery::Fin,
+                    Some(l) => Delivery::Lost(l.clone()),
+                });
+            }
+        }
+        if let Some(shared) = &c.shared {
+            shared.end(match lost {
+                Some(l) => SendEnd::Lost(l),
+                None if c.closing => SendEnd::Lost(Lost::Closed),
+                None => SendEnd::PeerClosed,
+            });
+        }
+        c.phase = Phase::Draining;
+        c.deadline = Some(Instant::now() + DRAIN_TIMEOUT);
+        self.try_finish(conn);
+    }
+
+    // ---------------------------------------------------------------------------------------
+    // Setup helpers
+    // ---------------------------------------------------------------------------------------
+
+    /// Creates the QP, registers the slot pools and posts every receive, for an accepted
+    /// request.
+    fn setup_path(&mut self, conn: ConnId) -> Result<()> {
+        let c = self.conns.get_mut(&conn).expect("present");
+        let IdState::Requested(mut id) = std::mem::replace(&mut c.id, IdState::Gone) else {
+            unreachable!("checked by the caller")
+        };
+        let r = self.make_path(conn, &mut PathTarget::Requested(&mut id));
+        self.conns.get_mut(&conn).expect("present").id = IdState::Requested(id);
+        r
+    }
+
+    fn make_path(&mut self, conn: ConnId, target: &mut PathTarget<'_, 's>) -> Result<()> {
+        let name = target.device_name();
+        let dev = self
+            .env
+            .names
+            .iter()
+            .position(|n| *n == name)
+            .ok_or(Error::Exhausted("the id's device was not open when the runtime started"))?;
+        let c = self.conns.get_mut(&conn).expect("present");
+        let cost = c.config.cq_cost();
+        if self.cq_free[dev] < cost {
+            return Err(Error::Exhausted("CQ entries of the shard (see Config::cq_entries)"));
+        }
+        let config = &c.config;
+        let ctrl = u32::from(config.ctrl_slots);
+        let init = QpInit::new()
+            .max_send_wr(config.send_depth + ctrl)
+            .max_recv_wr(config.recv_depth + ctrl)
+            .max_sge(1);
+        let pd = &self.env.pds[dev];
+        let cq = &self.env.cqs[dev];
+        target.create_qp(pd, cq, &init)?;
+        let slot_size = config.max_message as usize;
+        let (recv_pool, recv_slots) =
+            SlotPool::new((config.recv_depth + ctrl) as usize, slot_size)?;
+        let (send_pool, mut send_slots) =
+            SlotPool::new((config.send_depth + ctrl) as usize, slot_size)?;
+        let recv_mr = pd.reg_mr(recv_pool)?;
+        let send_mr = pd.reg_mr(send_pool)?;
+        let free_ctrl = send_slots.split_off(config.send_depth as usize);
+        let mine = Handshake {
+            data_slots: config.recv_depth,
+            ctrl_slots: config.ctrl_slots,
+            max_message: config.max_message,
+        };
+        self.cq_free[dev] -= cost;
+        c.cq_reserved = cost;
+        let path = Path {
+            dev,
+            recv_mr,
+            send_mr,
+            free_data: send_slots,
+            free_ctrl,
+            mine,
+        };
+        for slot in recv_slots {
+            let posted = target
+                .post_recv(&path, slot)
+                .map_err(|e| Error::Verbs(e.error))?;
+            c.outstanding += 1;
+            self.posted.insert(
+                posted.wr_id(),
+                PostedWr {
+                    conn,
+                    slot: posted,
+                    kind: WrKind::Recv,
+                },
+            );
+        }
+        c.path = Some(path);
+        Ok(())
+    }
+
+    fn fail_setup(&mut self, conn: ConnId, error: Error) {
+        tracing::debug!(?conn, "setup failed: {error}");
+        if let Some(mut c) = self.remove(conn) {
+            if let Some(reply) = c.reply.take() {
+                let _ = reply.send(Err(error));
+            }
+            self.release(c);
+        }
+    }
+
+    fn remove(&mut self, conn: ConnId) -> Option<Conn<'s>> {
+        let c = self.conns.remove(&conn)?;
+        if let Some(key) = with_id!(&c.id, id => id.key()) {
+            self.by_key.remove(&key);
+        }
+        Some(c)
+    }
+
+    /// Destroys a removed connection: the id (and its QP) first, then its memory regions;
+    /// posted work requests of it are forgotten (their slots are never reused).
+    fn release(&mut self, mut c: Conn<'s>) {
+        c.id = IdState::Gone;
+        if let Some(path) = c.path.take() {
+            self.cq_free[path.dev] += c.cq_reserved;
+            drop(path);
+        }
+        if let Some(shared) = &c.shared {
+            shared.end(SendEnd::Lost(Lost::Closed));
+        }
+        for w in c.close_waiters.drain(..) {
+            let _ = w.send(());
+        }
+    }
+
+    // ---------------------------------------------------------------------------------------
+    // Completions
+    // ---------------------------------------------------------------------------------------
+
+    fn drain_cq_events(&mut self, d: usize) {
+        let cq = &self.env.cqs[d];
+        loop {
+            match self.env.comps[d].try_get_cq_event(&[cq]) {
+                Ok(Some(event)) => event.ack(), // counted; acked in batches by the CQ
+                Ok(None) => break,
+                Err(e) => {
+                    tracing::error!("ibv_get_cq_event: {e}");
+                    break;
+                }
+            }
+        }
+    }
+
+    /// Arm, then poll: a completion that came before the arm is not lost.
+    fn arm_and_poll(&mut self, d: usize) {
+        if let Err(e) = self.env.cqs[d].req_notify(false) {
+            tracing::error!("ibv_req_notify_cq: {e}");
+        }
+        self.poll_cq(d);
+    }
+
+    fn poll_cq(&mut self, d: usize) {
+        loop {
+            let mut wcs = std::mem::take(&mut self.wcs);
+            let n = match self.env.cqs[d].poll(&mut wcs, POLL_BATCH) {
+                Ok(n) => n,
+                Err(e) => {
+                    tracing::error!("ibv_poll_cq: {e}");
+                    0
+                }
+            };
+            for wc in wcs.drain(..) {
+                self.on_wc(&wc);
+            }
+            self.wcs = wcs;
+            if n < POLL_BATCH {
+                break;
+            }
+        }
+    }
+
+    fn on_wc(&mut self, wc: &WorkCompletion) {
+        let Some(w) = self.posted.remove(&wc.wr_id()) else {
+            return;
+        };
+        let conn = w.conn;
+        let Ok(slot) = w.slot.complete(wc) else {
+            return;
+        };
+        let Some(c) = self.conns.get_mut(&conn) else {
+            return;
+        };
+        c.outstanding = c.outstanding.saturating_sub(1);
+        let ok = wc.is_success();
+        match w.kind {
+            WrKind::Recv => {
+                if ok && c.phase == Phase::Open {
+                    self.on_recv(conn, slot, wc);
+                }
+            }
+            WrKind::Data => {
+                c.sends_in_flight = c.sends_in_flight.saturating_sub(1);
+                if let Some(path) = c.path.as_mut() {
+                    path.free_data.push(slot);
+                }
+                if let Some(shared) = &c.shared {
+                    shared.permits.add_permits(1);
+                }
+                self.dirty.push(conn);
+            }
+            WrKind::Ctrl => {
+                if c.fin_wr == Some(wc.wr_id()) {
+                    c.fin_wr = None;
+                }
+                if let Some(path) = c.path.as_mut() {
+                    path.free_ctrl.push(slot);
+                }
+                self.dirty.push(conn);
+            }
+        }
+        if !ok && wc.status() != WcStatus::WrFlush {
+            self.lose(conn, Lost::WorkCompletion(wc.status()));
+        }
+        self.try_finish(conn);
+    }
+
+    fn on_recv(&mut self, conn: ConnId, slot: Slot, wc: &WorkCompletion) {
+        let c = self.conns.get_mut(&conn).expect("present");
+        let kind = match c.credits.as_mut() {
+            None => Ok(Kind::Data),
+            Some(credits) => credits.on_receive(wc.imm_data(), wc.byte_len()),
+        };
+        tracing::trace!(?conn, ?kind, imm = ?wc.imm_data(), credits = ?c.credits, "received");
+        match kind {
+            Err(e) => {
+                tracing::debug!(?conn, "protocol violation: {e}");
+                let _ = &e;
+                self.lose(conn, Lost::Protocol(e));
+            }
+            Ok(Kind::Data) => {
+                // Credits may have come back with it: what waits may go now.
+                self.dirty.push(conn);
+                let deliver = c.inbox.as_ref().filter(|i| !i.is_closed()).cloned();
+                match deliver {
+                    Some(inbox) => {
+                        let buf = RecvBuf {
+                            slot: Some(slot),
+                            conn,
+                            back: self.slots_back.clone(),
+                        };
+                        let _ = inbox.send(Delivery::Data(Bytes::from_owner(buf)));
+                    }
+                    // Nobody reads: the message is dropped and credited at once.
+                    None => self.on_slot_back(conn, slot),
+                }
+            }
+            Ok(kind) => {
+                self.repost(conn, slot);
+                if kind == Kind::Fin {
+                    let c = self.conns.get_mut(&conn).expect("present");
+                    c.ended = true;
+                    if let Some(inbox) = &c.inbox {
+                        let _ = inbox.send(Delivery::Fin);
+                    }
+                }
+                self.dirty.push(conn);
+            }
+        }
+    }
+
+    /// A received slot came back from the application (its last `Bytes` dropped).
+    fn on_slot_back(&mut self, conn: ConnId, slot: Slot) {
+        let open = self
+            .conns
+            .get(&conn)
+            .is_some_and(|c| c.phase == Phase::Open);
+        if !open {
+            return;
+        }
+        if self.repost(conn, slot) {
+            let c = self.conns.get_mut(&conn).expect("present");
+            if let Some(credits) = c.credits.as_mut() {
+                credits.consumed();
+            }
+            tracing::trace!(?conn, credits = ?c.credits, "consumed");
+            self.dirty.push(conn);
+        }
+    }
+
+    fn repost(&mut self, conn: ConnId, slot: Slot) -> bool {
+        let c = self.conns.get_mut(&conn).expect("present");
+        let (Some(path), Some(id)) = (c.path.as_ref(), connected(&c.id)) else {
+            return false;
+        };
+        match id.post_recv_slot(&path.recv_mr, slot) {
+            Ok(posted) => {
+                c.outstanding += 1;
+                self.posted.insert(
+                    posted.wr_id(),
+                    PostedWr {
+                        conn,
+                        slot: posted,
+                        kind: WrKind::Recv,
+                    },
+                );
+                true
+            }
+            Err(e) => {
+                let e = e.error.to_string();
+                self.lose(conn, Lost::Verbs(e));
+                false
+            }
+        }
+    }
+
+    /// Ends a connection abnormally: the receive half gets `why`, sends fail, the id is
+    /// disconnected and goes once its work requests are flushed.
+    fn lose(&mut self, conn: ConnId, why: Lost) {
+        tracing::debug!(?conn, %why, "connection lost");
+        let Some(c) = self.conns.get_mut(&conn) else {
+            return;
+        };
+        if !c.ended {
+            c.ended = true;
+            if let Some(inbox) = &c.inbox {
+                let _ = inbox.send(Delivery::Lost(why.clone()));
+            }
+        }
+        if let Some(shared) = &c.shared {
+            shared.end(SendEnd::Lost(why));
+        }
+        c.outbox.clear();
+        if !c.disconnected {
+            c.disconnected = true;
+            if let IdState::Connected(id) = std::mem::replace(&mut c.id, IdState::Gone) {
+                c.id = match id.disconnect() {
+                    Ok(id) => IdState::Disconnected(id),
+                    Err(e) => IdState::Connected(e.id),
+                };
+            }
+        }
+        c.phase = Phase::Draining;
+        c.deadline = Some(Instant::now() + DRAIN_TIMEOUT);
+    }
+
+    /// Releases a disconnected connection whose work requests have all completed.
+    fn try_finish(&mut self, conn: ConnId) {
+        let done = self
+            .conns
+            .get(&conn)
+            .is_some_and(|c| c.phase == Phase::Draining && c.outstanding == 0);
+        if done {
+            if let Some(c) = self.remove(conn) {
+                tracing::debug!(?conn, "released");
+                self.release(c);
+            }
+        }
+    }
+
+    fn on_deadlines(&mut self) {
+        let now = Instant::now();
+        let due: Vec<ConnId> = self
+            .conns
+            .iter()
+            .filter(|(_, c)| c.deadline.is_some_and(|d| d <= now))
+            .map(|(k, _)| *k)
+            .collect();
+        for conn in due {
+            let phase = self.conns[&conn].phase;
+            match phase {
+                Phase::Setup(step) => self.fail_setup(conn, Error::TimedOut(step)),
+                Phase::Open | Phase::Draining | Phase::Requested => {
+                    // A close that did not finish: drop everything now; the flushes of a
+                    // destroyed QP are ignored.
+                    let stale: Vec<u64> = self
+                        .posted
+                        .iter()
+                        .filter(|(_, w)| w.conn == conn)
+                        .map(|(k, _)| *k)
+                        .collect();
+                    for k in stale {
+                        self.posted.remove(&k);
+                    }
+                    if let Some(c) = self.remove(conn) {
+                        tracing::debug!(?conn, "drain timed out; released");
+                        self.release(c);
+                    }
+                }
+            }
+        }
+    }
+
+    // ---------------------------------------------------------------------------------------
+    // Sending
+    // ---------------------------------------------------------------------------------------
+
+    fn flush_dirty(&mut self) {
+        while let Some(conn) = self.dirty.pop() {
+            self.flush(conn);
+        }
+    }
+
+    fn flush(&mut self, conn: ConnId) {
+        let Some(c) = self.conns.get_mut(&conn) else {
+            return;
+        };
+        if c.phase != Phase::Open {
+            return;
+        }
+        let (Some(path), Some(id)) = (c.path.as_mut(), connected(&c.id)) else {
+            return;
+        };
+        let mut failed = None;
+        // Data, as credits and send slots allow.
+        while let Some(data) = c.outbox.front() {
+            if path.free_data.is_empty() {
+                break;
+            }
+            let saved = c.credits.clone();
+            let imm = match c.credits.as_mut() {
+                Some(credits) => match credits.send_data() {
+                    Some(imm) => Some(imm),
+                    None => break,
+                },
+                None => None,
+            };
+            let mut slot = path.free_data.pop().expect("checked");
+            let n = data.len();
+            slot.as_mut_slice()[..n].copy_from_slice(data);
+            if let Err(e) = slot.set_len(n) {
+                failed = Some(Lost::Verbs(e.to_string()));
+                break;
+            }
+            tracing::trace!(?conn, ?imm, "data sent");
+            match id.post_send_slot(&path.send_mr, slot, imm) {
+                Ok(posted) => {
+                    c.outbox.pop_front();
+                    c.outstanding += 1;
+                    c.sends_in_flight += 1;
+                    self.posted.insert(
+                        posted.wr_id(),
+                        PostedWr {
+                            conn,
+                            slot: posted,
+                            kind: WrKind::Data,
+                        },
+                    );
+                }
+                Err(e) if e.is_queue_full() => {
+                    // Backpressure: retried on the next completion.
+                    c.credits = saved;
+                    path.free_data.push(e.slot);
+                    break;
+                }
+                Err(e) => {
+                    failed = Some(Lost::Verbs(e.error.to_string()));
+                    break;
+                }
+            }
+        }
+        // Credit updates and FIN, from their own slots and budget.
+        if let Some(credits) = c.credits.as_mut() {
+            loop {
+                if path.free_ctrl.is_empty() {
+                    break;
+                }
+                let saved = credits.clone();
+                let (imm, fin) = if let Some(imm) = credits.credit_update() {
+                    tracing::trace!(?conn, imm, "credit update");
+                    (imm, false)
+                } else if c.want_fin && c.outbox.is_empty() {
+                    match credits.send_fin() {
+                        Some(imm) => (imm, true),
+                        None => break,
+                    }
+                } else {
+                    break;
+                };
+                let mut slot = path.free_ctrl.pop().expect("checked");
+                let _ = slot.set_len(0);
+                match id.post_send_slot(&path.send_mr, slot, Some(imm)) {
+                    Ok(posted) => {
+                        c.outstanding += 1;
+                        if fin {
+                            c.fin_wr = Some(posted.wr_id());
+                        }
+                        self.posted.insert(
+                            posted.wr_id(),
+                            PostedWr {
+                                conn,
+                                slot: posted,
+                                kind: WrKind::Ctrl,
+                            },
+                        );
+                    }
+                    Err(e) if e.is_queue_full() => {
+                        *credits = saved;
+                        path.free_ctrl.push(e.slot);
+                        break;
+                    }
+                    Err(e) => {
+                        failed = Some(Lost::Verbs(e.error.to_string()));
+                        break;
+                    }
+                }
+            }
+        }
+        // Closing: disconnect once our FIN (or, with a plain peer, every send) completed.
+        let sent_all = match &c.credits {
+            Some(credits) => credits.fin_sent() && c.fin_wr.is_none(),
+            None => c.outbox.is_empty() && c.sends_in_flight == 0,
+        };
+        if failed.is_none() && c.closing && sent_all && !c.disconnected {
+            c.disconnected = true;
+            if let IdState::Connected(id) = std::mem::replace(&mut c.id, IdState::Gone) {
+                c.id = match id.disconnect() {
+                    Ok(id) => IdState::Disconnected(id),
+                    Err(e) => IdState::Connected(e.id),
+                };
+            }
+            if let Some(shared) = &c.shared {
+                shared.end(SendEnd::Lost(Lost::Closed));
+            }
+            c.phase = Phase::Draining;
+            c.deadline = Some(Instant::now() + DRAIN_TIMEOUT);
+        }
+        if let Some(why) = failed {
+            self.lose(conn, why);
+        }
+        self.try_finish(conn);
+    }
+}
+
+/// The id of an open connection, for posting.
+fn connected<'a, 's>(id: &'a IdState<'s>) -> Option<&'a CmId<'s, evchan_core::cm::state::Connected>> {
+    match id {
+        IdState::Connected(id) => Some(id),
+        _ => None,
+    }
+}
+
+/// The padding RoCE adds to private data, taken off a plain peer's reject data.
+fn trim_zeros(data: &[u8]) -> Vec<u8> {
+    let end = data.iter().rposition(|&b| b != 0).map_or(0, |i| i + 1);
+    data[..end].to_vec()
+}
+
+/// The id a path is made for: routed (active side) or requested (passive side).
+enum PathTarget<'a, 's> {
+    Routed(&'a mut CmId<'s, evchan_core::cm::state::RouteResolved>),
+    Requested(&'a mut CmId<'s, Requested>),
+}
+
+impl<'s> PathTarget<'_, 's> {
+    fn device_name(&self) -> String {
+        match self {
+            PathTarget::Routed(id) => id.verbs().name(),
+            PathTarget::Requested(id) => id.verbs().name(),
+        }
+    }
+
+    fn create_qp(&mut self, pd: &'s Pd<'_>, cq: &'s Cq<'_>, init: &QpInit) -> Result<()> {
+        match self {
+            PathTarget::Routed(id) => id.create_qp_with(pd, cq, cq, init),
+            PathTarget::Requested(id) => id.create_qp_with(pd, cq, cq, init),
+        }
+        .map_err(Error::from)
+    }
+
+    fn post_recv(
+        &self,
+        path: &Path<'s>,
+        slot: Slot,
+    ) -> std::result::Result<PostedSlot, evchan_core::verbs::SlotPostError> {
+        match self {
+            PathTarget::Routed(id) => id.post_recv_slot(&path.recv_mr, slot),
+            PathTarget::Requested(id) => id.post_recv_slot(&path.recv_mr, slot),
+        }
+    }
+}

@@ -1,0 +1,119 @@
+//! Shared helpers of evchan's device tests.
+//!
+//! Device tests start with [`require_device!`]: without a usable RDMA device the test prints
+//! `skipping <test>: <reason>` to stderr and returns, unless `EVCHAN_REQUIRE_DEVICE=1` (the VM
+//! runner and CI), where it fails with the reason.
+#![allow(dead_code, unused_macros)]
+
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV6};
+use std::time::Duration;
+
+/// The soft-RoCE VM's IPv4 address (on `dummy0`).
+pub const VM_IPV4: Ipv4Addr = Ipv4Addr::new(169, 254, 77, 1);
+/// The soft-RoCE VM's IPv6 link-local address (on `dummy0`).
+pub const VM_V6: &str = "fe80::ff:fe00:1";
+
+/// How long any one step may take before a test fails (TCG is slow).
+pub const STEP: Duration = Duration::from_secs(30);
+
+pub fn device_required() -> bool {
+    std::env::var("EVCHAN_REQUIRE_DEVICE").is_ok_and(|v| v == "1")
+}
+
+pub fn probe() -> Result<Vec<String>, String> {
+    init_log();
+    evchan_core::device::probe().map_err(|e| e.to_string())
+}
+
+#[track_caller]
+pub fn skip(reason: &str) {
+    let current = std::thread::current();
+    let test = current.name().unwrap_or("<unnamed test>");
+    assert!(
+        !device_required(),
+        "{test}: EVCHAN_REQUIRE_DEVICE=1 but {reason}"
+    );
+    eprintln!("skipping {test}: {reason}");
+}
+
+#[macro_export]
+macro_rules! require_device {
+    () => {
+        if let Err(reason) = $crate::support::probe() {
+            $crate::support::skip(&reason);
+            return;
+        }
+    };
+}
+
+/// `169.254.77.1:port`.
+pub fn v4(port: u16) -> SocketAddr {
+    SocketAddr::new(VM_IPV4.into(), port)
+}
+
+/// `[fe80::ff:fe00:1%dummy0]:port`.
+pub fn v6(port: u16) -> SocketAddr {
+    let scope = evchan_core::if_index("dummy0").expect("the VM's dummy0 interface");
+    let ip: Ipv6Addr = VM_V6.parse().unwrap();
+    SocketAddr::V6(SocketAddrV6::new(ip, port, 0, scope))
+}
+
+/// A port for one test, distinct per test binary and call.
+pub fn port(n: u16) -> u16 {
+    30000 + (std::process::id() % 1000) as u16 * 25 + n
+}
+
+/// `fut` within [`STEP`], or a panic naming `what`.
+pub async fn step<T>(what: &str, fut: impl std::future::Future<Output = T>) -> T {
+    match tokio::time::timeout(STEP, fut).await {
+        Ok(v) => v,
+        Err(_) => panic!("{what} did not finish within {STEP:?}"),
+    }
+}
+
+/// Open file descriptors of this process.
+pub fn fd_count() -> usize {
+    std::fs::read_dir("/proc/self/fd").unwrap().count()
+}
+
+/// Resident set size of this process, in KiB.
+pub fn rss_kib() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap()
+}
+
+/// rxe0's hardware counter `name` (e.g. `rcvd_rnr_err`), if the device exposes it.
+pub fn rxe_counter(name: &str) -> Option<u64> {
+    std::fs::read_to_string(format!("/sys/class/infiniband/rxe0/ports/1/hw_counters/{name}"))
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+}
+
+/// Lines of `rdma resource show <kind>` that name this process.
+pub fn rdma_resources(kind: &str) -> Vec<String> {
+    let out = std::process::Command::new("rdma")
+        .args(["resource", "show", kind])
+        .output()
+        .expect("the rdma tool (iproute2)");
+    let pid = std::process::id().to_string();
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| l.split_whitespace().any(|w| w == pid))
+        .map(str::to_owned)
+        .collect()
+}
+
+/// `EVCHAN_LOG=debug` (an env filter) prints the driver's tracing events to stderr.
+pub fn init_log() {
+    if let Ok(filter) = std::env::var("EVCHAN_LOG") {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+            .with_writer(std::io::stderr)
+            .with_thread_names(true)
+            .try_init();
+    }
+}
