@@ -9,11 +9,14 @@
 
 mod support;
 
+use std::net::SocketAddr;
 use std::os::fd::AsFd;
 use std::time::{Duration, Instant};
 
-use evchan_core::cm::{EventKind, PortSpace};
-use evchan_core::verbs::{CompChannel, Cq};
+use evchan_core::cm::{ConnParam, EventKind, PortSpace};
+use evchan_core::verbs::{
+    CompChannel, Context, Cq, ForeignPd, Pd, Qp, QpCaps, QpInit, QpState, RtsAttr, WcStatus,
+};
 use evchan_core::{CmId, EventChannel};
 use support::verbs::*;
 use support::*;
@@ -137,4 +140,163 @@ fn async_event_reads_are_bounded_on_a_context_made_blocking() {
         },
     );
     assert!(none);
+}
+
+/// The owned posts refuse a region of another PD than the QP's, before posting, and give it
+/// back; the QP's own PD's regions still go through. Also: the QP's state follows its modifies
+/// (kept by the handle, not read from `ibv_qp::state`), and a `Posted` prints its address and
+/// length, not its bytes.
+#[test]
+fn a_foreign_pd_region_is_refused_by_the_owned_posts() {
+    require_device!();
+    let ctx = open_device();
+    let (gid, pd, comp) = loopback(&ctx);
+    let other_pd = Pd::new(&ctx).unwrap();
+    let cq = Cq::new(&comp, 16).unwrap();
+    let probe = Qp::new_rc(&pd, &cq, &cq, QpCaps::default()).unwrap();
+    assert_eq!(probe.state(), QpState::Reset);
+    probe.modify_to_init(1).unwrap();
+    assert_eq!(probe.state(), QpState::Init);
+    // INIT -> RTS skips RTR: refused by the driver, and the recorded state does not move.
+    assert!(probe.modify_to_rts(&RtsAttr::default()).is_err());
+    assert_eq!(probe.state(), QpState::Init);
+    probe.modify_to_error().unwrap();
+    assert_eq!(probe.state(), QpState::Error);
+
+    let (a, b) = rc_pair(&gid, &pd, (&cq, &cq), (&cq, &cq));
+    assert_eq!(a.state(), QpState::Rts);
+    let foreign = other_pd.reg_mr(b"12345678".to_vec()).unwrap();
+    let err = a.post_send(foreign, 0..8, None).unwrap_err();
+    assert!(err.is_foreign_pd(), "{err:?}");
+    assert!(err.source.get_ref().is_some_and(|e| e.is::<ForeignPd>()));
+    assert_eq!(
+        err.mr.as_slice(),
+        b"12345678",
+        "the region comes back unchanged"
+    );
+    let err = b
+        .post_recv(other_pd.reg_mr(vec![0u8; 8]).unwrap(), 0..8)
+        .unwrap_err();
+    assert!(err.is_foreign_pd(), "{err:?}");
+
+    let rx = recv(&pd, &b, 8);
+    let shown = format!("{rx:?}");
+    assert!(
+        shown.contains("addr") && shown.contains("region_len"),
+        "{shown}"
+    );
+    let tx = send(&pd, &a, b"abcdefgh".to_vec(), None);
+    let shown = format!("{tx:?}");
+    assert!(!shown.contains("97, 98"), "no bytes in {shown}");
+    let all = complete_all(&cq, vec![rx, tx]);
+    let (mr, wc) = &all[0];
+    assert_eq!(wc.status(), WcStatus::Success);
+    assert_eq!(mr.as_slice(), b"abcdefgh");
+}
+
+/// A server that makes its PD, completion channel and CQ before it listens, on librdmacm's own
+/// context of the device (`Context::rdma_cm_devices`, and the same as the listener's
+/// `bound_context`), then accepts a connection on them and receives a message.
+#[test]
+fn a_server_sets_up_before_listening_and_accepts_on_its_objects() {
+    require_device!();
+    let addr = v4(port(3));
+    let contexts = Context::rdma_cm_devices().unwrap();
+    let ctx = contexts
+        .iter()
+        .find(|c| c.name() == "rxe0")
+        .or(contexts.first())
+        .expect("a device");
+    let (spd, scomp) = objects(ctx);
+    let scq = Cq::new(&scomp, 64).unwrap();
+    let (cpd, ccomp) = objects(ctx);
+    let ccq = Cq::new(&ccomp, 64).unwrap();
+    let (sch, cch) = channels();
+
+    // A wildcard address names no device; the VM's address names rxe0.
+    let wildcard = CmId::new(&cch, PortSpace::Tcp)
+        .unwrap()
+        .bind(SocketAddr::from(([0, 0, 0, 0], port(4))))
+        .unwrap();
+    assert!(wildcard.bound_context().unwrap().is_none());
+    drop(wildcard);
+    let bound = CmId::new(&sch, PortSpace::Tcp).unwrap().bind(addr).unwrap();
+    let bound_ctx = bound.bound_context().unwrap().expect("a device's address");
+    assert_eq!(bound_ctx.name(), ctx.name());
+    let listening = bound.listen(8).unwrap();
+    let listen_ctx = listening.bound_context().unwrap().expect("still bound");
+    assert_eq!(listen_ctx.name(), ctx.name());
+
+    // Client, on the same device's librdmacm context.
+    let id = resolved(&cch, PortSpace::Tcp, addr);
+    let id = id.resolve_route(RESOLVE_TIMEOUT).unwrap();
+    let ev = expect_event(&cch, EventKind::RouteResolved);
+    let mut client = id.route_resolved(&ev).unwrap();
+    ev.ack();
+    client
+        .create_qp_with(&cpd, &ccq, &ccq, &QpInit::new())
+        .unwrap();
+    let client = client.connect(&ConnParam::new()).unwrap();
+
+    // Server: the request's id takes the objects made before `listen`.
+    let mut req = expect_event(&sch, EventKind::ConnectRequest);
+    let mut server = req.take_request().expect("the request's id");
+    req.ack();
+    server
+        .create_qp_with(&spd, &scq, &scq, &QpInit::new())
+        .expect("a QP on the PD and CQ made before listening");
+    // A region of the client's PD is refused on the server's QP.
+    let err = server
+        .post_recv(cpd.reg_mr(vec![0u8; 8]).unwrap(), 0..8)
+        .unwrap_err();
+    assert!(err.is_foreign_pd(), "{err:?}");
+    let rx = server
+        .post_recv(spd.reg_mr(vec![0u8; 64]).unwrap(), 0..64)
+        .unwrap();
+    let server = server.accept(&ConnParam::new()).unwrap();
+    let (client, _) = established(&cch, client);
+    let (server, _) = established(&sch, server);
+
+    let tx = client
+        .post_send(cpd.reg_mr(b"hello".to_vec()).unwrap(), 0..5, None)
+        .unwrap();
+    let (_, wc) = complete(&ccq, tx);
+    assert_eq!(wc.status(), WcStatus::Success);
+    let (mr, wc) = complete(&scq, rx);
+    assert_eq!(wc.status(), WcStatus::Success);
+    assert_eq!(&mr.as_slice()[..5], b"hello");
+    disconnect_pair(&sch, &cch, server, client);
+    drop(listening);
+}
+
+/// A `CONNECT_REQUEST` queued, unread, on a listener's channel is delivered there (the listener
+/// cannot be migrated away from it: `tests/ui/migrate_listening_id.rs`), and the id it hands
+/// over migrates to another channel, where its `ESTABLISHED` then arrives.
+#[test]
+fn a_queued_request_is_delivered_and_its_new_id_migrates() {
+    require_device!();
+    let (sch, cch) = channels();
+    let other = EventChannel::new().unwrap();
+    let addr = v4(port(5));
+    let listening = listener(&sch, PortSpace::Tcp, addr);
+    let client = connecting(&cch, PortSpace::Tcp, addr, &ConnParam::new());
+    assert!(
+        evchan_sys::fd::poll_readable(sch.as_fd(), Some(EVENT_TIMEOUT)).unwrap(),
+        "the request is queued on the listener's channel"
+    );
+    let mut req = expect_event(&sch, EventKind::ConnectRequest);
+    let server = req.take_request().expect("the request's id");
+    // Migrated while the request that handed it over is still unacked.
+    let mut server = server.migrate(&other).unwrap();
+    req.ack();
+    server.create_qp(&QpInit::new()).unwrap();
+    let server = server.accept(&ConnParam::new()).unwrap();
+    let (client, _) = established(&cch, client);
+    let (server, _) = established(&other, server);
+    assert!(
+        sch.try_get_event().unwrap().is_none(),
+        "nothing on the old channel"
+    );
+    disconnect_pair(&other, &cch, server, client);
+    drop(listening);
 }
