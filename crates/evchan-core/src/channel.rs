@@ -34,9 +34,15 @@ use crate::ffi::cm::RawChannel;
 /// with `poll`/`epoll`; readiness is edge-like in practice, so after a wake-up read until
 /// `Ok(None)`.
 ///
-/// The descriptor is always `O_NONBLOCK`: no read ever waits inside `rdma_get_cm_event`; the
-/// waiting reads wait in `poll`. (librdmacm modifies an id's QP inside that call, so an id's
-/// drop on another thread waits for the readers inside it; that wait must be short.)
+/// No read waits inside `rdma_get_cm_event` for an event to come; the waiting reads wait in
+/// `poll`. (librdmacm modifies an id's QP inside that call, so an id's drop on another thread
+/// waits for the readers inside it; that wait must be short.) This holds whatever the flags of
+/// the descriptor's open file: the channel sets `O_NONBLOCK`, but a dup of the descriptor (from
+/// [`AsFd`]) shares the file, and safe code may clear the flag through it. So the channel's
+/// reads are serialised, each made only once a zero-timeout `poll` says an event is queued and
+/// with `O_NONBLOCK` set again just before it. What it cannot cover: a reader outside evchan
+/// that takes the event through a dup between that poll and the read (the read, and a drop
+/// waiting for it, then wait for the next event, as in C).
 ///
 /// The channel is `Send` and `Sync`: several threads may read one channel, each event going to
 /// exactly one of them; a reader that loses an event to another reads `Ok(None)` or waits on.
@@ -109,8 +115,8 @@ impl EventChannel {
     /// descriptor. [`try_get_event`](Self::try_get_event) and
     /// [`get_event_timeout`](Self::get_event_timeout) behave the same in both modes.
     ///
-    /// The descriptor itself stays `O_NONBLOCK` in both modes (see the type's docs): clearing
-    /// the flag would let a reader wait inside `rdma_get_cm_event`, and an id's drop with it.
+    /// The descriptor itself stays `O_NONBLOCK` in both modes, and no read waits inside
+    /// `rdma_get_cm_event` even when the flag is cleared through a dup (see the type's docs).
     ///
     /// # Errors
     /// None today; the signature keeps room for the `fcntl` it stands for.

@@ -24,7 +24,13 @@
 //! 1. a channel outlives its ids and events (they borrow it);
 //! 2. each event is acked exactly once, and its data is read only before the ack;
 //! 3. destroying or migrating an id never waits forever on an event the same thread holds (the
-//!    destroy is deferred to the ack; the migrate is refused with [`Error::Busy`]);
+//!    destroy is deferred to the ack; the migrate is refused with [`Error::Busy`]); every event
+//!    is counted against its id exactly (a `CONNECT_REQUEST` against its listener), with no
+//!    timed fallback; a destroy or migrate waits only for readers that already have an event in
+//!    hand, whatever the flags of the channel's file (see [`EventChannel`] for the one case it
+//!    cannot cover: a reader outside evchan taking events through a dup of the descriptor);
+//!    a listening id cannot be migrated at all (a queued `CONNECT_REQUEST` would be lost; see
+//!    [`cm::state::CanMigrate`]);
 //! 4. private data is checked against its limit before the call;
 //! 5. `ENODEV` is [`Error::NoDevice`], whose message says how to get a device.
 //!

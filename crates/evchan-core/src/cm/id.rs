@@ -136,6 +136,46 @@ impl<I> From<TransitionError<I>> for Error {
 /// The result of a transition of an id in state `S`.
 pub type Transition<'ch, S, T> = std::result::Result<T, TransitionError<Id<'ch, S>>>;
 
+/// Drops the id of a failed transition and keeps its [`Error`], so that `?` works in functions
+/// that return `Box<dyn std::error::Error>` (or `anyhow`-style errors), which need a `'static`
+/// error: a [`TransitionError`] holds the id, which borrows its channel.
+///
+/// In a function returning [`crate::Result`], plain `?` already does this.
+///
+/// ```no_run
+/// use std::error::Error;
+/// use evchan_core::cm::{ConnParam, PortSpace, TransitionExt};
+/// use evchan_core::{CmId, EventChannel};
+///
+/// fn serve(channel: &EventChannel) -> Result<(), Box<dyn Error>> {
+///     let listener = CmId::new(channel, PortSpace::Tcp)?
+///         .bind(([169, 254, 77, 1], 7471).into())
+///         .drop_id()?
+///         .listen(8)
+///         .drop_id()?;
+///     let mut event = channel.get_event()?;
+///     let request = event.take_request().ok_or("not a connection request")?;
+///     event.ack();
+///     let _connecting = request.accept(&ConnParam::default()).drop_id()?;
+///     drop(listener);
+///     Ok(())
+/// }
+/// ```
+pub trait TransitionExt<T> {
+    /// The value, or the error with the id dropped (an id's drop never hangs; see
+    /// [`Id`]).
+    ///
+    /// # Errors
+    /// The transition's [`Error`].
+    fn drop_id(self) -> Result<T>;
+}
+
+impl<T, I> TransitionExt<T> for std::result::Result<T, TransitionError<I>> {
+    fn drop_id(self) -> Result<T> {
+        self.map_err(Error::from)
+    }
+}
+
 impl<'ch> Id<'ch, Idle> {
     /// `rdma_create_id`: a new id on `channel` in port space `ps`.
     ///
@@ -245,8 +285,21 @@ impl<'ch, S: State> Id<'ch, S> {
     /// for its ack forever); `EBUSY` as an OS error while the id has a QP on the caller's PD
     /// and CQs ([`Id::create_qp_with`]), which the migrated id would not borrow; the OS error
     /// otherwise. The id comes back unchanged.
+    ///
+    /// A listening id cannot be migrated ([`CanMigrate`](super::state::CanMigrate) says why: a
+    /// queued `CONNECT_REQUEST` would be lost):
+    ///
+    /// ```compile_fail
+    /// use evchan_core::{cm::PortSpace, CmId, EventChannel};
+    /// let (a, b) = (EventChannel::new().unwrap(), EventChannel::new().unwrap());
+    /// let listener = CmId::new(&a, PortSpace::Tcp).unwrap().listen(8).unwrap();
+    /// let _ = listener.migrate(&b); // error: a listening id cannot be migrated
+    /// ```
     #[doc(alias = "rdma_migrate_id")]
-    pub fn migrate<'to>(self, channel: &'to EventChannel) -> Transition<'ch, S, Id<'to, S>> {
+    pub fn migrate<'to>(self, channel: &'to EventChannel) -> Transition<'ch, S, Id<'to, S>>
+    where
+        S: super::state::CanMigrate,
+    {
         let pending = self.raw.pending();
         match self.raw.migrate(channel.raw()) {
             Ok(raw) => Ok(Id::from_raw(raw)),

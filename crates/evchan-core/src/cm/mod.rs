@@ -15,6 +15,6 @@ pub mod state;
 pub use crate::error::Message;
 pub use any::{AnyId, AnyTransition};
 pub use event::{AhAttr, ConnInfo, Event, GlobalRoute, UdInfo};
-pub use id::{Id, IdKey, Transition, TransitionError};
+pub use id::{Id, IdKey, Transition, TransitionError, TransitionExt};
 pub use kind::{EventKind, RejectReason, Status};
 pub use param::{ConnParam, PortSpace};

@@ -150,3 +150,33 @@ impl CanCreateQp for Requested {}
 pub trait CanDisconnect: State {}
 impl CanDisconnect for Connecting {}
 impl CanDisconnect for Connected {}
+
+/// States that may be migrated to another channel: every state but [`Listening`].
+///
+/// A listening id cannot be migrated, because a `CONNECT_REQUEST` queued for it and not yet
+/// read would be lost. The kernel makes the new connection's context on the listener's file
+/// when the request arrives (`ucma_connect_event_handler`: `ucma_alloc_ctx(listen_ctx->file)`)
+/// and `ucma_migrate_id` moves the queued request to the new file but leaves that context on
+/// the old one; librdmacm then makes the new id on the listener's *new* channel, its first
+/// query (`ucma_query_req_info`) is refused by the kernel (`EINVAL`: the context belongs to
+/// another file), and `rdma_get_cm_event` drops the request and reads on. The peer is never
+/// answered. Whether a request is queued cannot be known before the migrate (one may arrive
+/// during it), so the migrate is refused for every listening id: make the listener on the
+/// channel it is to use, or migrate the ids its requests hand over (state [`Requested`]).
+#[diagnostic::on_unimplemented(
+    message = "a listening id cannot be migrated (a queued CONNECT_REQUEST would be lost)",
+    label = "this id listens",
+    note = "listen on the channel the requests should arrive on, or migrate the new ids taken from them"
+)]
+pub trait CanMigrate: State {}
+impl CanMigrate for Idle {}
+impl CanMigrate for Bound {}
+impl CanMigrate for ResolvingAddr {}
+impl CanMigrate for AddrResolved {}
+impl CanMigrate for ResolvingRoute {}
+impl CanMigrate for RouteResolved {}
+impl CanMigrate for Requested {}
+impl CanMigrate for Connecting {}
+impl CanMigrate for Connected {}
+impl CanMigrate for Datagram {}
+impl CanMigrate for Disconnected {}

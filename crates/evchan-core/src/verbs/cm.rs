@@ -12,7 +12,7 @@ use std::fmt;
 use std::io;
 use std::ops::Range;
 
-use crate::cm::state::{CanCreateQp, HasDevice, State};
+use crate::cm::state::{Bound, CanCreateQp, HasDevice, Listening, State};
 use crate::ffi::verbs as ffi;
 use crate::CmId;
 
@@ -309,7 +309,8 @@ impl<'ch, S: State> CmId<'ch, S> {
     /// [`PostError`], with the region: the id has no QP from
     /// [`create_qp_with`](Self::create_qp_with), the id is of the UDP port space (its QP is
     /// UD, whose sends need an address handle, not supported yet; refused before the call),
-    /// the range is outside the region, or the `ibv_post_send` error (`EINVAL` before the
+    /// the region is registered with another PD than the QP's ([`ForeignPd`](super::ForeignPd),
+    /// refused before the call), the range is outside the region, or the `ibv_post_send` error (`EINVAL` before the
     /// connection is established).
     #[doc(alias = "ibv_post_send")]
     pub fn post_send<'pd, B: MrBuffer + 'static>(
@@ -342,7 +343,8 @@ impl<'ch, S: State> CmId<'ch, S> {
     ///
     /// # Errors
     /// [`PostError`], with the region: no QP from [`create_qp_with`](Self::create_qp_with), a
-    /// range outside the region, or the `ibv_post_recv` error.
+    /// region of another PD than the QP's ([`ForeignPd`](super::ForeignPd), refused before the
+    /// call), a range outside the region, or the `ibv_post_recv` error.
     #[doc(alias = "ibv_post_recv")]
     pub fn post_recv<'pd, B: MrBuffer + 'static>(
         &self,
@@ -352,3 +354,36 @@ impl<'ch, S: State> CmId<'ch, S> {
         post_recv_on(self.raw.user_qp(), mr, range)
     }
 }
+
+/// A bound or listening id's device context, when its address names one device.
+macro_rules! bound_context {
+    ($($state:ident),*) => {$(
+        impl<'ch> CmId<'ch, $state> {
+            /// The device context of the address the id is bound to (`rdma_cm_id::verbs`,
+            /// set by `rdma_bind_addr` when the address belongs to an RDMA device), held open
+            /// as [`CmId::context`] holds it; `Ok(None)` for a wildcard address
+            /// (`0.0.0.0`, `::`), which names no device.
+            ///
+            /// It is librdmacm's own context of that device, the one every id taken from this
+            /// listener's `CONNECT_REQUEST`s uses (also one of
+            /// [`Context::rdma_cm_devices`]), so a [`Pd`], [`CompChannel`](super::CompChannel)
+            /// and [`Cq`]s made on it before the first request are accepted by
+            /// [`create_qp_with`](CmId::create_qp_with) on those ids.
+            ///
+            /// # Errors
+            /// [`Error::Io`] with the `rdma_get_devices` error; `ENODEV` when the device is
+            /// being removed.
+            #[doc(alias = "rdma_get_devices")]
+            pub fn bound_context(&self) -> Result<Option<Context>> {
+                let Some(verbs) = self.raw.verbs() else {
+                    return Ok(None);
+                };
+                let raw =
+                    ffi::Context::of_cm_device(verbs).map_err(Error::io("rdma_get_devices"))?;
+                Context::from_raw(raw).map(Some)
+            }
+        }
+    )*};
+}
+
+bound_context!(Bound, Listening);

@@ -25,6 +25,13 @@ use super::{Context, Cq, CqEvent, CqId, Error, Result, WorkCompletion};
 ///
 /// The channel is `Send` and `Sync`: several threads may read it (each event goes to one).
 ///
+/// No read waits inside `ibv_get_cq_event` for an event to come, whatever the flags of the
+/// fd's open file: a dup of the fd (from [`AsFd`]) shares the file, and safe code may clear
+/// `O_NONBLOCK` through it, so reads are serialised and each is made only once a zero-timeout
+/// `poll` says an event is queued. The timed and non-blocking reads are bounded as documented
+/// unless a reader outside evchan takes the event through a dup between that poll and the read
+/// (the read then waits for the next event).
+///
 /// # Example
 ///
 /// ```no_run

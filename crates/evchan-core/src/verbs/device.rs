@@ -292,7 +292,10 @@ impl Context {
     }
 
     /// The context's async event fd (`ibv_context::async_fd`): non-blocking for a context opened
-    /// here, as librdmacm left it for an rdma_cm id's.
+    /// here, as librdmacm left it for an rdma_cm id's. Whatever its flags (a dup of it shares
+    /// them, and safe code may change them), the reads of [`Context::try_get_async_event`] and
+    /// the timed read are made only once a zero-timeout `poll` says an event is queued, and are
+    /// serialised among evchan's readers, so they do not wait in the read.
     #[must_use]
     pub fn async_fd(&self) -> BorrowedFd<'_> {
         self.raw.async_fd()

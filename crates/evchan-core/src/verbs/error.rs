@@ -71,6 +71,17 @@ impl From<Error> for io::Error {
 /// The result type of this module.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
+/// The memory region given to an owned post is registered with another PD than the QP's.
+///
+/// Refused before the post: on one device the HCA's PD check would fail the work request, but
+/// across two devices the region's lkey could name a region of the QP's device, and the device
+/// would reach memory never registered for it. It comes as the payload of
+/// [`PostError::source`] (kind [`io::ErrorKind::InvalidInput`]); see
+/// [`PostError::is_foreign_pd`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("the memory region is registered with another protection domain than the QP's")]
+pub struct ForeignPd;
+
 /// Posting a work request failed; the memory region comes back unchanged.
 #[derive(thiserror::Error)]
 #[error("{call} failed: {source}")]
@@ -82,6 +93,15 @@ pub struct PostError<'pd, B: MrBuffer> {
     pub source: io::Error,
     /// The region that was to be posted.
     pub mr: Mr<'pd, B>,
+}
+
+impl<B: MrBuffer> PostError<'_, B> {
+    /// Whether the post was refused because the region is registered with another PD than
+    /// the QP's ([`ForeignPd`]).
+    #[must_use]
+    pub fn is_foreign_pd(&self) -> bool {
+        self.source.get_ref().is_some_and(|e| e.is::<ForeignPd>())
+    }
 }
 
 impl<B: MrBuffer> fmt::Debug for PostError<'_, B> {

@@ -10,8 +10,9 @@
 //! | `ibv_destroy_cq` waits until every event read for the CQ is acked | a [`CqEvent<'cq>`](CqEvent) borrows its [`Cq`]; acks are counted and flushed in batches, always before `ibv_destroy_cq` |
 //! | each event is acked exactly once | [`CqEvent::ack`] takes `self`; drop acks otherwise |
 //! | arm, then poll once more before sleeping, or a completion is lost | one helper does the loop: [`CompChannel::wait`] |
-//! | a registered buffer must not move or be freed | [`Mr`] owns or exclusively borrows it |
+//! | a registered buffer must not move or be freed | [`Mr`] owns or exclusively borrows it while the `Mr` lives (a leaked `Mr` of a borrowed buffer stays registered after the borrow ends; no safe post can use it: see [`Mr`]) |
 //! | the device owns a posted buffer until its completion | [`Qp::post_send`] / [`Qp::post_recv`] take the [`Mr`] by value and return it for the completion ([`Posted`]) |
+//! | a work request's region is registered with the QP's PD | the owned posts refuse another PD's [`Mr`] before posting ([`ForeignPd`]) |
 //!
 //! # With rdma_cm
 //!
@@ -75,7 +76,7 @@ pub use cm::{ContextRef, PdRef, QpInit};
 pub use comp_channel::CompChannel;
 pub use cq::{Cq, CqEvent, CqId, ACK_BATCH};
 pub use device::{Context, Device, DeviceList, Gid, GidType, LinkLayer, Mtu, Pd, Port, PortState};
-pub use error::{Error, PostError, Result};
+pub use error::{Error, ForeignPd, PostError, Result};
 pub use mr::Mr;
 pub use qp::{Posted, Qp, QpCaps, QpState, RtrAttr, RtsAttr};
 pub use slots::{PostedSlot, Slot, SlotError, SlotPool, SlotPostError};

@@ -13,10 +13,20 @@ const LOCAL_WRITE: u32 = 1;
 /// A registered memory region (`ibv_reg_mr` / `ibv_dereg_mr`) that owns or exclusively borrows
 /// its buffer `B` (`Vec<u8>`, `Box<[u8]>` or `&mut [u8]`).
 ///
-/// While the region lives, its buffer can neither be freed nor moved: an owned buffer is inside
-/// it, a borrowed one is borrowed mutably for the region's whole life. Dropping the region
-/// deregisters it and then drops the buffer; [`Mr::into_inner`] deregisters and gives the
-/// buffer back. Registration grants local write access only (no remote keys are usable).
+/// While the region value lives, its buffer can neither be freed nor moved: an owned buffer is
+/// inside it, a borrowed one is borrowed mutably for as long as the value lives. Dropping the
+/// region deregisters it and then drops the buffer; [`Mr::into_inner`] deregisters and gives
+/// the buffer back. Registration grants local write access only (no remote keys are usable).
+///
+/// What holds when the value is leaked instead (`mem::forget`, a cycle of `Rc`s): the region
+/// stays registered (`rdma resource show mr` lists it) until its PD's context is closed or the
+/// process ends. An owned buffer is leaked with it, so it is never freed. A *borrowed* buffer's
+/// borrow ends at the leak, so the buffer may then be written, moved or freed while it is still
+/// registered. Safe code cannot make the device reach such memory: the owned posts
+/// ([`Qp::post_send`](super::Qp::post_send), [`Qp::post_recv`](super::Qp::post_recv)) take only
+/// `'static` buffers (a `&'static mut [u8]` is never freed), every other post is `unsafe`, and
+/// no remote access is granted. An `unsafe` post naming a leaked region's lkey is the caller's
+/// responsibility, as its `# Safety` section says.
 ///
 /// # Example
 ///

@@ -250,10 +250,15 @@ impl<'res> Qp<'res> {
         self.raw.ptr().qp_num()
     }
 
-    /// The state libibverbs last recorded (`ibv_qp::state`).
+    /// The state the last successful modify through this handle set (RESET after creation).
+    ///
+    /// Kept by the handle, not read from `ibv_qp::state` (libibverbs writes that field plainly
+    /// in `ibv_modify_qp`, so reading it while another thread modifies would be a data race).
+    /// Like that field, it does not follow a move to ERROR made by the device itself (a
+    /// completion error); such a move shows in the completions' status.
     #[must_use]
     pub fn state(&self) -> QpState {
-        QpState::from_raw(self.raw.ptr().state())
+        QpState::from_raw(self.raw.state())
     }
 
     /// `ibv_modify_qp` RESET → INIT on `port`, P_Key index 0, local access only.
@@ -344,7 +349,7 @@ impl<'res> Qp<'res> {
     }
 
     fn modify(&self, m: &ffi::QpModify) -> Result<()> {
-        self.raw.ptr().modify(m).map_err(Error::io("ibv_modify_qp"))
+        self.raw.modify(m).map_err(Error::io("ibv_modify_qp"))
     }
 
     /// `ibv_post_send` of a signaled SEND of `mr`'s bytes `range` (with immediate data when
@@ -354,8 +359,9 @@ impl<'res> Qp<'res> {
     /// through [`post_send_raw`](Self::post_send_raw).
     ///
     /// # Errors
-    /// [`PostError`], with the region, for a range outside it or the `ibv_post_send` error
-    /// (e.g. `ENOMEM` when the send queue is full).
+    /// [`PostError`], with the region, for a region registered with another PD than the QP's
+    /// ([`ForeignPd`](super::ForeignPd), checked before the call), a range outside it, or the
+    /// `ibv_post_send` error (e.g. `ENOMEM` when the send queue is full).
     #[doc(alias = "ibv_post_send")]
     pub fn post_send<'pd, B: MrBuffer + 'static>(
         &self,
@@ -387,7 +393,9 @@ impl<'res> Qp<'res> {
     /// [`post_send`](Self::post_send).
     ///
     /// # Errors
-    /// [`PostError`], with the region, for a range outside it or the `ibv_post_recv` error.
+    /// [`PostError`], with the region, for a region registered with another PD than the QP's
+    /// ([`ForeignPd`](super::ForeignPd), checked before the call), a range outside it, or the
+    /// `ibv_post_recv` error.
     #[doc(alias = "ibv_post_recv")]
     pub fn post_recv<'pd, B: MrBuffer + 'static>(
         &self,

@@ -168,64 +168,53 @@ unsafe fn context_of<'a>(id: *mut sys::rdma_cm_id) -> &'a AtomicPtr<c_void> {
     unsafe { AtomicPtr::from_ptr(field) }
 }
 
-/// How long an event reader waits for the thread that read a `CONNECT_REQUEST` to adopt the new
-/// id it handed over (see [`record_of`]); that thread runs no blocking call in between.
-const ADOPT_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
-
 /// Clones the record `id` points to through its `context`.
 ///
-/// # The adoption race
+/// # The adoption race, closed by the channel's read lock
 ///
 /// librdmacm gives the new id of a `CONNECT_REQUEST` its *listener's* `context`;
-/// [`Id::adopt`], run by the thread that read the request right after `rdma_get_cm_event`
-/// returned, re-points it at the new id's own record. Until then the new id's `context` names
-/// the listener's record. Should a second thread read an event *for the new id* in that window,
-/// it would count the event against the listener — and the new id's owner could then destroy
-/// it while that event is unacked, which blocks (forever, if the owner holds the event itself).
+/// [`Id::adopt`], run by the reader of the request before `RawChannel::get_event` returns,
+/// re-points it at the new id's own record. Until then the new id's `context` names the
+/// listener's record. Were an event *for the new id* read in that window, it would count
+/// against the listener, and the new id's owner could then destroy it while that event is
+/// unacked, which blocks (forever, if the owner holds the event itself).
 ///
-/// With kernel ≥ 5.10 and rdma-core ≥ 31 no such event can be delivered: before `rdma_accept`
-/// (which needs the adopted id) the kernel reports the new id's events with `uid` 0 and
-/// librdmacm drops them. We do not rely on that: a record whose `raw` is not `id` is the
-/// listener's, so the reader waits (yielding, at most [`ADOPT_WAIT`]) until the adoption has
-/// happened, and counts the event against the right record. `context` is read and written
-/// atomically ([`context_of`]), so the wait is well defined. Should the wait ever run out (the
-/// adopting thread descheduled for a whole second), the event counts against no id: its id's
-/// destroy then waits for its ack as in C — only a hang if the same thread holds that event.
+/// No such window exists: the reads of one channel are serialised, from before
+/// `rdma_get_cm_event` until the event is counted and the new id adopted (the parent module's
+/// docs, "Readers and destroys"), and the new id's events arrive on the listener's channel
+/// (librdmacm makes the new id on it, and it cannot be migrated before it is adopted). Before
+/// the request is read, librdmacm does not know the new id at all and drops its events; after,
+/// it is adopted. So the record found here always names `id`; should it not (a C id made
+/// outside this module, which cannot happen), the event counts against no id rather than a
+/// wrong one.
 ///
 /// # Safety
 ///
-/// `id` is NULL or a live C id that was returned in an event read just now and not yet acked;
-/// its `context` is NULL or points to a live `IdInner` owned by an `Arc` (the module protocol).
+/// `id` is NULL or a live C id that was returned in an event read just now and not yet acked,
+/// by a reader holding its channel's read lock; its `context` is NULL or points to a live
+/// `IdInner` owned by an `Arc` (the module protocol).
 pub(super) unsafe fn record_of(id: *mut sys::rdma_cm_id) -> Option<Arc<IdInner>> {
     if id.is_null() {
         return None;
     }
-    let start = std::time::Instant::now();
-    loop {
-        // SAFETY: `id` is live (caller).
-        let ctx = unsafe { context_of(id) }
-            .load(Ordering::Acquire)
-            .cast_const()
-            .cast::<IdInner>();
-        if ctx.is_null() {
-            return None;
-        }
-        // SAFETY: `ctx` came from `Arc::as_ptr` and an `Arc` of it is alive (module docs): the
-        // id's own record lives while the id does; a listener's record lives while its
-        // `CONNECT_REQUEST`, which another thread is adopting right now, is unacked.
-        unsafe { Arc::increment_strong_count(ctx) };
-        // SAFETY: we own the strong count we just added.
-        let record = unsafe { Arc::from_raw(ctx) };
-        if record.raw.as_ptr() == id {
-            return Some(record);
-        }
-        // The listener's record: the new id is not adopted yet (see above).
-        drop(record);
-        if start.elapsed() > ADOPT_WAIT {
-            return None;
-        }
-        std::thread::yield_now();
+    // SAFETY: `id` is live (caller).
+    let ctx = unsafe { context_of(id) }
+        .load(Ordering::Acquire)
+        .cast_const()
+        .cast::<IdInner>();
+    if ctx.is_null() {
+        return None;
     }
+    // SAFETY: `ctx` came from `Arc::as_ptr` and an `Arc` of it is alive (module docs): the id's
+    // own record lives while the id does.
+    unsafe { Arc::increment_strong_count(ctx) };
+    // SAFETY: we own the strong count we just added.
+    let record = unsafe { Arc::from_raw(ctx) };
+    debug_assert!(
+        record.raw.as_ptr() == id,
+        "an event's id names another id's record"
+    );
+    (record.raw.as_ptr() == id).then_some(record)
 }
 
 /// The owner of one C id. `!Sync` (calls on one id are never concurrent); `Send`.

@@ -39,15 +39,31 @@
 //! before `rdma_get_cm_event` until the event is counted ([`RawChannel::get_event`]), and every
 //! destroy of an id or its QP, and every migrate, holds it exclusively and only then decides,
 //! from the pending count, whether to act now or defer to the last ack (`id::IdInner::release`).
-//! A reader never blocks inside the call — the channel's fd is always `O_NONBLOCK`; waiting is
-//! done by `poll` outside the gate — so a destroy waits at most for readers that are already
-//! processing an event, never for the next event to arrive.
+//! A reader never waits inside the call for an event to come — waiting is done by `poll` outside
+//! the gate — so a destroy waits at most for readers that are already processing an event,
+//! never for the next event to arrive. That must hold whatever the flags of the channel's open
+//! file are: safe code can dup the descriptor (`AsFd`) and clear `O_NONBLOCK` on the shared
+//! file. So reads on one channel are serialised (a mutex beside the gate), and each one is made
+//! only once `poll` with a zero timeout has said an event is queued, and with `O_NONBLOCK` set
+//! again just before it (for librdmacm's own retries inside the call, after it discards an
+//! event): no other evchan reader can take the event in between, so the read finds it.
+//!
+//! The serialisation also makes the accounting exact: a `CONNECT_REQUEST`'s new id is adopted
+//! (its `context` re-pointed at its own record) by the reader of the request before the next
+//! read of the channel starts, so no event of the new id can be read before that (see
+//! `id::record_of`).
+//!
+//! What this does not cover: a reader *outside* evchan (through a dup of the descriptor,
+//! writing librdmacm's commands itself) that takes the event between the poll and the read, or
+//! that clears `O_NONBLOCK` again in the moment between it being set and a retry inside
+//! librdmacm; the read then waits for the next event, as in C.
 
 use std::ffi::c_int;
 use std::io;
 use std::os::fd::BorrowedFd;
 use std::ptr::{self, NonNull};
-use std::sync::{Arc, PoisonError, RwLock};
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
+use std::time::Duration;
 
 use evchan_sys as sys;
 
@@ -75,6 +91,9 @@ pub(crate) type Gate = Arc<RwLock<()>>;
 pub(crate) struct RawChannel {
     ptr: NonNull<sys::rdma_event_channel>,
     gate: Gate,
+    /// Serialises the reads (module docs): held from the readiness check until the event is
+    /// counted and, for a `CONNECT_REQUEST`, its new id adopted.
+    reads: Mutex<()>,
 }
 
 // SAFETY: a channel is a file descriptor plus librdmacm bookkeeping that is internally locked:
@@ -95,6 +114,7 @@ impl RawChannel {
             .map(|ptr| Self {
                 ptr,
                 gate: Gate::default(),
+                reads: Mutex::new(()),
             })
             .ok_or_else(sys::last_error)?;
         sys::fd::set_nonblocking(channel.fd(), true)?;
@@ -114,12 +134,21 @@ impl RawChannel {
         unsafe { BorrowedFd::borrow_raw(fd) }
     }
 
-    /// `rdma_get_cm_event`: one read, which never blocks (`EAGAIN` when no event is ready).
-    /// `EINTR` and `EAGAIN` come back as errors for the caller to handle.
+    /// `rdma_get_cm_event`: one read, which never waits for an event to come (`EAGAIN` when
+    /// none is queued), whatever the flags of the channel's file (module docs). `EINTR` and
+    /// `EAGAIN` come back as errors for the caller to handle.
     ///
-    /// The gate is held shared until the event is counted against its id (module docs).
+    /// The gate is held shared, and the read lock, until the event is counted against its id
+    /// (module docs).
     pub(crate) fn get_event(&self) -> io::Result<RawEvent<'_>> {
         let _reading = self.gate.read().unwrap_or_else(PoisonError::into_inner);
+        let _serial = self.reads.lock().unwrap_or_else(PoisonError::into_inner);
+        if !sys::fd::poll_readable(self.fd(), Some(Duration::ZERO))? {
+            return Err(io::Error::from_raw_os_error(libc::EAGAIN));
+        }
+        // For librdmacm's retries inside the call (module docs); a no-op unless someone
+        // cleared the flag through a dup of the descriptor.
+        sys::fd::set_nonblocking(self.fd(), true)?;
         let mut event = ptr::null_mut();
         // SAFETY: `ptr` is a live channel and `event` a valid out-pointer.
         sys::cvt(unsafe { sys::rdma_get_cm_event(self.ptr.as_ptr(), &mut event) })?;

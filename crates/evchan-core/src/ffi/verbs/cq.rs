@@ -6,6 +6,8 @@ use std::mem::MaybeUninit;
 use std::os::fd::BorrowedFd;
 use std::ptr::{self, NonNull};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Mutex, PoisonError};
+use std::time::Duration;
 
 use evchan_sys as sys;
 use libc::{c_int, c_void};
@@ -17,10 +19,17 @@ use super::*;
 // ---------------------------------------------------------------------------------------------
 
 /// `ibv_create_comp_channel` / `ibv_destroy_comp_channel`. Its fd is set `O_NONBLOCK`.
+///
+/// Reads never wait for an event to come, whatever the flags of the fd's open file (safe code
+/// can dup the fd and clear `O_NONBLOCK` on the shared file): they are serialised, and each is
+/// made only once `poll` with a zero timeout has said an event is queued, so that no other
+/// reader of ours can take it in between. (A reader outside evchan, through a dup, that takes
+/// it in between makes the read wait for the next event.)
 #[derive(Debug)]
 pub(crate) struct CompChannel<'ctx> {
     pub(super) ptr: NonNull<sys::ibv_comp_channel>,
     events_read: AtomicU64,
+    reads: Mutex<()>,
     _ctx: PhantomData<&'ctx Context>,
 }
 
@@ -37,6 +46,7 @@ impl<'ctx> CompChannel<'ctx> {
         let ch = CompChannel {
             ptr: NonNull::new(ch).ok_or_else(null_err)?,
             events_read: AtomicU64::new(0),
+            reads: Mutex::new(()),
             _ctx: PhantomData,
         };
         sys::fd::set_nonblocking(ch.fd(), true)?;
@@ -56,8 +66,13 @@ impl<'ctx> CompChannel<'ctx> {
         self.events_read.load(Ordering::Relaxed)
     }
 
-    /// `ibv_get_cq_event` on the non-blocking fd: `Ok(None)` on `EAGAIN`.
+    /// `ibv_get_cq_event` once an event is queued: `Ok(None)` when none is (or on `EAGAIN`),
+    /// whatever the fd's flags (see the type's docs).
     pub(crate) fn get_cq_event(&self) -> io::Result<Option<CqEventAck>> {
+        let _serial = self.reads.lock().unwrap_or_else(PoisonError::into_inner);
+        if !sys::fd::poll_readable(self.fd(), Some(Duration::ZERO))? {
+            return Ok(None);
+        }
         let mut cq: *mut sys::ibv_cq = ptr::null_mut();
         let mut cq_context: *mut c_void = ptr::null_mut();
         loop {

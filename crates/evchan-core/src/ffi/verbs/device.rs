@@ -284,25 +284,21 @@ impl Context {
 
     /// `ibv_get_async_event` without waiting: `Ok(None)` when no event is ready.
     ///
-    /// Our own context's fd is `O_NONBLOCK` (set by the safe layer): the read says `EAGAIN`.
-    /// librdmacm's context is shared with whatever else in the process uses the device, so its
-    /// fd's flags are left alone (setting `O_NONBLOCK` would make every other blocking reader
-    /// of it fail with `EAGAIN`). There the read is done only once `poll` with a zero timeout
-    /// says an event is ready, and such reads are serialised process-wide, so that two of ours
-    /// never both see one event and the loser then waits in the read. A reader outside evchan
-    /// that takes the event between the poll and the read makes this call wait for the next
-    /// event: the price of not changing the fd under it.
+    /// The read is done only once `poll` with a zero timeout says an event is ready, and such
+    /// reads are serialised process-wide, so that two of ours never both see one event and the
+    /// loser then waits in the read. That holds whatever the fd's flags: our own context's fd is
+    /// set `O_NONBLOCK` by the safe layer, but safe code can dup it and clear the flag on the
+    /// shared file; librdmacm's context is shared with whatever else in the process uses the
+    /// device, so its fd's flags are left alone (setting `O_NONBLOCK` would make every other
+    /// blocking reader of it fail with `EAGAIN`). A reader outside evchan that takes the event
+    /// between the poll and the read makes this call wait for the next event: the price of not
+    /// owning every reader of the file.
     pub(crate) fn get_async_event(&self) -> io::Result<Option<RawAsyncEvent>> {
-        static SHARED_READS: Mutex<()> = Mutex::new(());
-        let _serial = if self.is_own() {
-            None
-        } else {
-            let serial = SHARED_READS.lock().unwrap_or_else(PoisonError::into_inner);
-            if !sys::fd::poll_readable(self.async_fd(), Some(Duration::ZERO))? {
-                return Ok(None);
-            }
-            Some(serial)
-        };
+        static READS: Mutex<()> = Mutex::new(());
+        let _serial = READS.lock().unwrap_or_else(PoisonError::into_inner);
+        if !sys::fd::poll_readable(self.async_fd(), Some(Duration::ZERO))? {
+            return Ok(None);
+        }
         loop {
             let mut ev = MaybeUninit::<sys::ibv_async_event>::zeroed();
             // SAFETY: live context; `ev` is a valid out-pointer. The call only writes the

@@ -154,6 +154,23 @@ impl<'pd, B: MrBuffer> Mr<'pd, B> {
         unsafe { (*self.ptr.as_ptr()).lkey }
     }
 
+    /// The PD the region is registered with (`ibv_mr::pd`, written once at registration), for
+    /// comparison only (see `QpPtr::pd_of_qp`).
+    pub(crate) fn pd_of_mr(&self) -> *mut sys::ibv_pd {
+        // SAFETY: live MR; `pd` is written once at registration.
+        unsafe { (*self.ptr.as_ptr()).pd }
+    }
+
+    /// The registered range (`ibv_mr::addr`, `ibv_mr::length`, written once at registration),
+    /// read without forming a reference to the buffer, which the device may be writing.
+    pub(crate) fn addr_len(&self) -> (*mut libc::c_void, usize) {
+        // SAFETY: live MR; `addr` is written once at registration.
+        let addr = unsafe { (*self.ptr.as_ptr()).addr };
+        // SAFETY: live MR; `length` is written once at registration.
+        let len = unsafe { (*self.ptr.as_ptr()).length };
+        (addr, len)
+    }
+
     pub(crate) fn rkey(&self) -> u32 {
         // SAFETY: live MR; `rkey` is written once at registration.
         unsafe { (*self.ptr.as_ptr()).rkey }
@@ -182,10 +199,10 @@ impl<'pd, B: MrBuffer> Mr<'pd, B> {
 
 impl<B: MrBuffer> std::fmt::Debug for Mr<'_, B> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let bytes = self.buf.as_slice();
+        let (addr, len) = self.addr_len();
         f.debug_struct("Mr")
-            .field("addr", &bytes.as_ptr())
-            .field("len", &bytes.len())
+            .field("addr", &addr)
+            .field("len", &len)
             .field("lkey", &self.lkey())
             .field("rkey", &self.rkey())
             .finish()
@@ -245,8 +262,13 @@ impl<'pd, B: MrBuffer> Posted<'pd, B> {
 
 impl<B: MrBuffer> std::fmt::Debug for Posted<'_, B> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Address and length only: the device may be writing the buffer right now, so no
+        // `&[u8]` over it may be formed here.
+        let (addr, len) = self.mr.addr_len();
         f.debug_struct("Posted")
-            .field("mr", &self.mr)
+            .field("addr", &addr)
+            .field("region_len", &len)
+            .field("lkey", &self.mr.lkey())
             .field("qp_num", &self.qp_num)
             .field("wr_id", &self.wr_id)
             .field("len", &self.len)

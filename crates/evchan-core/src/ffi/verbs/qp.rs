@@ -4,7 +4,8 @@ use std::io;
 use std::marker::PhantomData;
 use std::mem::MaybeUninit;
 use std::ptr::{self, NonNull};
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Mutex, PoisonError};
 
 use evchan_sys as sys;
 use libc::c_int;
@@ -113,9 +114,19 @@ pub(crate) struct QpModify {
 }
 
 /// `ibv_create_qp` / `ibv_destroy_qp`.
+///
+/// The QP's state is kept here, not read from `ibv_qp::state`: libibverbs writes that field
+/// (plainly, not atomically) in `ibv_modify_qp`, which may run on another thread (`Qp` is
+/// `Sync`), so reading it would be a data race. Every modify of this QP goes through
+/// [`Qp::modify`], which records the new state after the call succeeded, under a lock that
+/// orders the modifies.
 #[derive(Debug)]
 pub(crate) struct Qp<'res> {
     ptr: NonNull<sys::ibv_qp>,
+    /// The state the last successful modify set (`enum ibv_qp_state`; RESET at creation).
+    state: AtomicU32,
+    /// Held across `ibv_modify_qp` and the update of `state`.
+    modifying: Mutex<()>,
     _res: PhantomData<(&'res Pd<'res>, &'res Cq<'res>)>,
 }
 
@@ -170,8 +181,28 @@ impl<'res> Qp<'res> {
         let qp = unsafe { sys::ibv_create_qp(pd.ptr.as_ptr(), &mut attr) };
         Ok(Qp {
             ptr: NonNull::new(qp).ok_or_else(null_err)?,
+            state: AtomicU32::new(sys::ibv_qp_state::IBV_QPS_RESET),
+            modifying: Mutex::new(()),
             _res: PhantomData,
         })
+    }
+
+    /// The state the last successful [`modify`](Self::modify) set (RESET before any).
+    pub(crate) fn state(&self) -> u32 {
+        self.state.load(Ordering::Acquire)
+    }
+
+    /// `ibv_modify_qp`, recording the new state when `m` sets one and the call succeeded.
+    pub(crate) fn modify(&self, m: &QpModify) -> io::Result<()> {
+        let _one_at_a_time = self
+            .modifying
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        self.ptr().modify(m)?;
+        if m.mask & sys::ibv_qp_attr_mask::IBV_QP_STATE.0 as c_int != 0 {
+            self.state.store(m.state, Ordering::Release);
+        }
+        Ok(())
     }
 
     /// The borrowed QP, to post and modify through.
@@ -196,16 +227,13 @@ impl QpPtr<'_> {
         unsafe { (*self.ptr.as_ptr()).qp_type }
     }
 
-    pub(crate) fn state(&self) -> u32 {
-        let at = self
-            .ptr
-            .as_ptr()
-            .cast::<u8>()
-            .wrapping_add(std::mem::offset_of!(sys::ibv_qp, state))
-            .cast::<u32>();
-        // SAFETY: live QP; `state` is an aligned u32 that libibverbs updates on modify; a
-        // volatile read of it is only a hint, never torn.
-        unsafe { at.read_volatile() }
+    /// The PD the QP was created on (`ibv_qp::pd`, written once at creation), for comparison
+    /// only: a memory region posted on the QP must be registered with it
+    /// ([`Mr::pd_of_mr`]). For an rdma_cm id's QP it is the PD given to `rdma_create_qp`, or
+    /// librdmacm's own PD of the id's device.
+    pub(crate) fn pd_of_qp(&self) -> *mut sys::ibv_pd {
+        // SAFETY: live QP; `pd` is written once, at creation.
+        unsafe { (*self.ptr.as_ptr()).pd }
     }
 
     /// `ibv_modify_qp`.
@@ -368,6 +396,12 @@ impl QpPtr<'_> {
         range: std::ops::Range<usize>,
         post: impl FnOnce(u64, Sge) -> io::Result<()>,
     ) -> Result<Posted<'pd, B>, (io::Error, Mr<'pd, B>)> {
+        if mr.pd_of_mr() != self.pd_of_qp() {
+            // The HCA's PD check would refuse it on one device; across two devices the lkey
+            // could name a region of the other one.
+            let e = io::Error::new(io::ErrorKind::InvalidInput, crate::verbs::ForeignPd);
+            return Err((e, mr));
+        }
         let sge = match sge_of(&mr, range) {
             Ok(s) => s,
             Err(e) => return Err((e, mr)),
