@@ -547,3 +547,28 @@ fn cm_connection_with_slots() {
     assert_eq!(kept.len(), 0);
     drop(listening);
 }
+
+/// An id of the UDP port space has a UD QP: slot posts are refused there, both ways, before
+/// the call, and the slot comes back.
+#[test]
+fn slots_on_a_udp_ids_ud_qp_are_refused() {
+    require_device!();
+    let channel = evchan_core::EventChannel::new().unwrap();
+    let id = resolved(&channel, PortSpace::Udp, v4(port(2)));
+    let ctx = id.context().unwrap();
+    let (pd, comp) = objects(&ctx);
+    let cq = Cq::new(&comp, 16).unwrap();
+    let (pool, mut slots) = SlotPool::new(2, 64).unwrap();
+    let mr = pd.reg_mr(pool).unwrap();
+    let mut id = id;
+    id.create_qp_with(&pd, &cq, &cq, &QpInit::new()).unwrap();
+    let e = id
+        .post_send_slot(&mr, slots.pop().unwrap(), None)
+        .unwrap_err();
+    assert!(matches!(e.error, Error::Io { .. }), "{e}");
+    assert!(e.to_string().contains("UD"), "{e}");
+    let e = id.post_recv_slot(&mr, e.slot).unwrap_err();
+    assert!(e.to_string().contains("UD"), "{e}");
+    assert_eq!(e.slot.index(), 1);
+    assert!(cq.poll_one().unwrap().is_none());
+}

@@ -169,8 +169,7 @@ impl SlotPool {
     /// [`SlotError`]: zero slots or bytes, a slot over `u32::MAX` bytes, a pool that overflows
     /// the address space, or an allocation failure.
     pub fn new(count: usize, size: usize) -> Result<(SlotPool, Vec<Slot>), SlotError> {
-        let (raw, slots) = ffi::SlotRegion::new(count, size)?;
-        let slots = slots.into_iter().map(|raw| Slot { raw, len: 0 }).collect();
+        let (raw, slots) = ffi::SlotRegion::new(count, size, |raw| Slot { raw, len: 0 })?;
         Ok((SlotPool { raw }, slots))
     }
 
@@ -212,6 +211,14 @@ impl fmt::Debug for SlotPool {
 /// before a send. [`AsRef<[u8]>`](AsRef) is [`as_slice`](Self::as_slice), so a slot can own a
 /// `bytes::Bytes` (`Bytes::from_owner(slot)`). `Debug` shows the index and the length, never
 /// the contents.
+///
+/// A slot is not `Clone`: its token is the only way to its bytes.
+///
+/// ```compile_fail
+/// # let (_pool, mut slots) = evchan_core::verbs::SlotPool::new(1, 8).unwrap();
+/// let slot = slots.pop().unwrap();
+/// let twin = slot.clone(); // no second token of one slot
+/// ```
 pub struct Slot {
     raw: ffi::RawSlot,
     len: usize,
@@ -320,6 +327,14 @@ impl fmt::Debug for Slot {
 /// (`min(byte_len, capacity)`, 0 on an error status). Dropping or forgetting it before loses
 /// the slot (see [`SlotPool`], "Why it is safe"); no memory the device may still touch is freed or
 /// read.
+///
+/// While the device owns the slot, its bytes are out of reach:
+///
+/// ```compile_fail
+/// # fn f(posted: &evchan_core::verbs::PostedSlot) {
+/// let bytes: &[u8] = posted.as_ref(); // a posted slot shows no bytes
+/// # }
+/// ```
 #[must_use = "the slot comes back with `complete`; dropped, it is lost"]
 pub struct PostedSlot {
     slot: Slot,

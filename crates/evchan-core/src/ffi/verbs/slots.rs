@@ -63,8 +63,12 @@ fn page_size() -> usize {
 }
 
 impl SlotRegion {
-    /// Allocates the region and makes every slot's token, once.
-    pub(crate) fn new(count: usize, size: usize) -> Result<(Arc<Self>, Vec<RawSlot>), SlotError> {
+    /// Allocates the region and makes every slot's token, once, each wrapped by `wrap`.
+    pub(crate) fn new<T>(
+        count: usize,
+        size: usize,
+        wrap: impl FnMut(RawSlot) -> T,
+    ) -> Result<(Arc<Self>, Vec<T>), SlotError> {
         if count == 0 {
             return Err(SlotError::NoSlots);
         }
@@ -79,6 +83,13 @@ impl SlotRegion {
         let page = page_size();
         let rounded = bytes.checked_next_multiple_of(page).ok_or(too_large)?;
         let layout = Layout::from_size_align(rounded, page).map_err(|_| too_large)?;
+        // The tokens' vector first, so that its failure is an error too, not an abort.
+        let mut slots = Vec::new();
+        slots
+            .try_reserve_exact(count)
+            .map_err(|_| SlotError::OutOfMemory {
+                bytes: count.saturating_mul(std::mem::size_of::<T>()),
+            })?;
         // SAFETY: `layout` has a non-zero size (count and size are at least 1).
         let ptr = unsafe { alloc::alloc_zeroed(layout) };
         let base = NonNull::new(ptr).ok_or(SlotError::OutOfMemory { bytes: rounded })?;
@@ -88,12 +99,14 @@ impl SlotRegion {
             count,
             size,
         });
-        let slots = (0..count)
-            .map(|index| RawSlot {
-                region: Arc::clone(&region),
-                index,
-            })
-            .collect();
+        slots.extend(
+            (0..count)
+                .map(|index| RawSlot {
+                    region: Arc::clone(&region),
+                    index,
+                })
+                .map(wrap),
+        );
         Ok((region, slots))
     }
 
