@@ -11,7 +11,7 @@ use tokio::sync::{mpsc, oneshot};
 use evchan_core::cm::state::{
     Connected, Connecting, Disconnected, Requested, ResolvingAddr, ResolvingRoute,
 };
-use evchan_core::verbs::{Mr, Slot, SlotPool};
+use evchan_core::verbs::{Mr, Slot, SlotPool, WorkCompletion};
 use evchan_core::CmId;
 
 use super::{Delivery, Established, Shared};
@@ -101,6 +101,9 @@ pub(super) struct Conn<'s> {
     pub(super) disconnected: bool,
     /// The end (FIN or loss) has been delivered to the receive half.
     pub(super) ended: bool,
+    /// Receives that completed before `ESTABLISHED` was read (the peer may send as soon as its
+    /// own side is established): delivered once this side is.
+    pub(super) early: Vec<(Slot, WorkCompletion)>,
     /// CQ entries this connection reserved on its device's CQ.
     pub(super) cq_reserved: u32,
 }
@@ -130,6 +133,7 @@ impl Conn<'_> {
             close_waiters: Vec::new(),
             disconnected: false,
             ended: false,
+            early: Vec::new(),
             cq_reserved: 0,
         }
     }

@@ -762,11 +762,17 @@ impl<'s, 'c> Shard<'s, 'c> {
             peer,
             max_send,
         };
-        tracing::debug!(?conn, peer = ?c.peer_addr, "established");
+        tracing::debug!(?conn, peer = ?c.peer_addr, early = c.early.len(), "established");
+        let early = std::mem::take(&mut c.early);
         if let Some(reply) = c.reply.take() {
             if reply.send(Ok(established)).is_err() {
                 // The connect or accept future was dropped: close it.
                 self.close(conn, None);
+            }
+        }
+        for (slot, wc) in early {
+            if self.conns.get(&conn).is_some_and(|c| c.phase == Phase::Open) {
+                self.on_recv(conn, slot, &wc);
             }
         }
         self.dirty.push(conn);
@@ -993,11 +999,11 @@ impl<'s, 'c> Shard<'s, 'c> {
         c.outstanding = c.outstanding.saturating_sub(1);
         let ok = wc.is_success();
         match w.kind {
-            WrKind::Recv => {
-                if ok && c.phase == Phase::Open {
-                    self.on_recv(conn, slot, wc);
-                }
-            }
+            WrKind::Recv => match c.phase {
+                Phase::Open if ok => self.on_recv(conn, slot, wc),
+                Phase::Setup(_) if ok => c.early.push((slot, *wc)),
+                _ => {}
+            },
             WrKind::Data => {
                 c.sends_in_flight = c.sends_in_flight.saturating_sub(1);
                 if let Some(path) = c.path.as_mut() {
