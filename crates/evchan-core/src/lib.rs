@@ -45,16 +45,16 @@ pub mod cm;
 pub mod device;
 mod error;
 mod ffi;
-pub mod verbs;
 #[cfg(feature = "tokio")]
 mod readiness;
+pub mod verbs;
 
 pub use channel::EventChannel;
 pub use cm::Event as CmEvent;
 pub use cm::Id as CmId;
+pub use error::{Error, NoDevice, PrivateDataTooLong, Result, UnexpectedEvent};
 #[cfg(feature = "tokio")]
 pub use readiness::{FdNumber, Readable};
-pub use error::{Error, NoDevice, PrivateDataTooLong, Result, UnexpectedEvent};
 
 /// The index of network interface `name` (`if_nametoindex(3)`), e.g. the scope id of an IPv6
 /// link-local address on it; `None` when there is no such interface.

@@ -10,7 +10,7 @@ use crate::config::Config;
 use crate::error::{Error, Lost, Result};
 use crate::proto::handshake::HEADER_LEN;
 use crate::proto::Peer;
-use crate::runtime::{Cmd, ConnId, Delivery, Established, Runtime, Shared, ShardRef};
+use crate::runtime::{Cmd, ConnId, Delivery, Established, Runtime, ShardRef, Shared};
 
 /// The most user private data `rdma_connect` carries after evchan's handshake (RoCE/IB, TCP
 /// port space: 56 − 16).
@@ -148,7 +148,9 @@ impl ConnectBuilder {
         if !sent {
             return Err(Error::ConnectionLost(Lost::Closed));
         }
-        let est = rx.await.map_err(|_| Error::ConnectionLost(Lost::Closed))??;
+        let est = rx
+            .await
+            .map_err(|_| Error::ConnectionLost(Lost::Closed))??;
         Ok(Connection::from_established(est))
     }
 }

@@ -124,7 +124,7 @@ pub enum Error {
     Config(String),
     /// An error of the safe core (rdma_cm).
     #[error(transparent)]
-    Core(#[from] evchan_core::Error),
+    Core(evchan_core::Error),
     /// An error of the safe core (verbs).
     #[error(transparent)]
     Verbs(#[from] evchan_core::verbs::Error),
@@ -149,16 +149,25 @@ impl Error {
     }
 }
 
+impl From<evchan_core::Error> for Error {
+    fn from(e: evchan_core::Error) -> Self {
+        match e {
+            evchan_core::Error::NoDevice(nd) => Error::NoDevice(nd),
+            e => Error::Core(e),
+        }
+    }
+}
+
 impl From<Error> for io::Error {
     fn from(e: Error) -> Self {
         let kind = match &e {
-            Error::NoDevice(_) => io::ErrorKind::NotFound,
+            e if e.is_no_device() => io::ErrorKind::NotFound,
             Error::Rejected { .. } => io::ErrorKind::ConnectionRefused,
             Error::Unreachable(_) => io::ErrorKind::HostUnreachable,
             Error::TimedOut(_) => io::ErrorKind::TimedOut,
-            Error::MessageTooLarge { .. }
-            | Error::PrivateDataTooLong { .. }
-            | Error::Config(_) => io::ErrorKind::InvalidInput,
+            Error::MessageTooLarge { .. } | Error::PrivateDataTooLong { .. } | Error::Config(_) => {
+                io::ErrorKind::InvalidInput
+            }
             Error::Handshake(_) => io::ErrorKind::InvalidData,
             Error::PeerClosed => io::ErrorKind::BrokenPipe,
             Error::ConnectionLost(Lost::Closed) => io::ErrorKind::NotConnected,

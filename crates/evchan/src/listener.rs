@@ -67,7 +67,9 @@ impl Listener {
         }) {
             return Err(Error::ConnectionLost(Lost::Closed));
         }
-        let (local_addr, queue) = rx.await.map_err(|_| Error::ConnectionLost(Lost::Closed))??;
+        let (local_addr, queue) = rx
+            .await
+            .map_err(|_| Error::ConnectionLost(Lost::Closed))??;
         Ok(Listener {
             conn,
             shard,
@@ -172,7 +174,9 @@ impl Incoming {
         }) {
             return Err(Error::ConnectionLost(Lost::Closed));
         }
-        let est = rx.await.map_err(|_| Error::ConnectionLost(Lost::Closed))??;
+        let est = rx
+            .await
+            .map_err(|_| Error::ConnectionLost(Lost::Closed))??;
         Ok(Connection::from_established(est))
     }
 
@@ -184,7 +188,11 @@ impl Incoming {
     pub fn reject(mut self, private_data: &[u8]) -> Result<()> {
         self.answered = true;
         let checked = check_private_data(private_data, MAX_REJECT_PRIVATE_DATA);
-        let data = if checked.is_ok() { private_data.to_vec() } else { Vec::new() };
+        let data = if checked.is_ok() {
+            private_data.to_vec()
+        } else {
+            Vec::new()
+        };
         self.shard.send(Cmd::Reject {
             conn: self.conn,
             private_data: data,

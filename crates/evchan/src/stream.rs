@@ -24,7 +24,7 @@ use crate::connection::{Connection, RecvHalf, SendHalf};
 ///
 /// # async fn f(conn: evchan::Connection) -> std::io::Result<()> {
 /// let mut framed = Framed::new(evchan::Stream::new(conn), LengthDelimitedCodec::new());
-/// framed.send("hello".into()).await?;
+/// framed.send(bytes::Bytes::from_static(b"hello")).await?;
 /// # Ok(())
 /// # }
 /// ```

@@ -38,9 +38,12 @@ fn msg(i: u32, len: usize) -> Bytes {
 async fn echo_in_order_both_ways() {
     require_device!();
     let addr = echo_server(v4(port(1)), Config::new()).await;
-    let conn = step("connect", Connection::builder().private_data(&b"hi"[..]).connect(addr))
-        .await
-        .unwrap();
+    let conn = step(
+        "connect",
+        Connection::builder().private_data(&b"hi"[..]).connect(addr),
+    )
+    .await
+    .unwrap();
     assert!(conn.is_evchan_peer());
     assert_eq!(conn.peer_private_data(), b"echo");
     assert_eq!(conn.peer_addr(), Some(addr));
@@ -67,9 +70,14 @@ async fn requests_migrated_between_shards() {
     require_device!();
     let addr = echo_server(v4(port(13)), Config::new().shards(2)).await;
     for c in 0..12u32 {
-        let mut conn = step("connect", Connection::builder().config(Config::new().shards(2)).connect(addr))
-            .await
-            .unwrap();
+        let mut conn = step(
+            "connect",
+            Connection::builder()
+                .config(Config::new().shards(2))
+                .connect(addr),
+        )
+        .await
+        .unwrap();
         for i in 0..3 {
             conn.send(msg(c * 10 + i, 32)).await.unwrap();
             let m = step("echo", conn.recv()).await.unwrap().unwrap();
@@ -87,7 +95,10 @@ async fn ipv6_link_local() {
     let addr = echo_server(v6(port(2)), Config::new()).await;
     let mut conn = step("connect", Connection::connect(addr)).await.unwrap();
     conn.send("over IPv6").await.unwrap();
-    assert_eq!(step("echo", conn.recv()).await.unwrap().as_deref(), Some(&b"over IPv6"[..]));
+    assert_eq!(
+        step("echo", conn.recv()).await.unwrap().as_deref(),
+        Some(&b"over IPv6"[..])
+    );
     step("close", conn.close()).await;
 }
 
@@ -96,7 +107,11 @@ async fn ipv6_link_local() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_connects_are_routed_by_id() {
     require_device!();
-    let config = Config::new().shards(1).recv_depth(4).send_depth(4).max_message(256);
+    let config = Config::new()
+        .shards(1)
+        .recv_depth(4)
+        .send_depth(4)
+        .max_message(256);
     let addr = echo_server(v4(port(3)), config.clone()).await;
     let mut tasks = Vec::new();
     for c in 0..48u32 {
@@ -129,9 +144,16 @@ async fn slow_reader_makes_the_sender_wait() {
     let config = Config::new().recv_depth(4).send_depth(4).max_message(1024);
     let listener = Listener::bind(v4(port(4)), config.clone()).await.unwrap();
     let addr = listener.local_addr();
-    let rnr_before = (support::rxe_counter("rcvd_rnr_err"), support::rxe_counter("send_rnr_err"));
+    let rnr_before = (
+        support::rxe_counter("rcvd_rnr_err"),
+        support::rxe_counter("send_rnr_err"),
+    );
     let client = tokio::spawn(async move {
-        let conn = Connection::builder().config(config).connect(addr).await.unwrap();
+        let conn = Connection::builder()
+            .config(config)
+            .connect(addr)
+            .await
+            .unwrap();
         let (tx, _rx) = conn.split();
         for i in 0..200u32 {
             tx.send(msg(i, 512)).await.unwrap();
@@ -158,7 +180,10 @@ async fn slow_reader_makes_the_sender_wait() {
     }
     assert_eq!(step("FIN", server.recv()).await.unwrap(), None);
     let _rx = step("client", client).await.unwrap();
-    let rnr_after = (support::rxe_counter("rcvd_rnr_err"), support::rxe_counter("send_rnr_err"));
+    let rnr_after = (
+        support::rxe_counter("rcvd_rnr_err"),
+        support::rxe_counter("send_rnr_err"),
+    );
     eprintln!("rxe RNR counters before {rnr_before:?} after {rnr_after:?}");
     assert_eq!(rnr_before, rnr_after, "a receiver-not-ready happened");
 }
@@ -216,7 +241,11 @@ async fn close_delivers_everything_first() {
     let listener = Listener::bind(v4(port(6)), config.clone()).await.unwrap();
     let addr = listener.local_addr();
     let client = tokio::spawn(async move {
-        let conn = Connection::builder().config(config).connect(addr).await.unwrap();
+        let conn = Connection::builder()
+            .config(config)
+            .connect(addr)
+            .await
+            .unwrap();
         for i in 0..64u32 {
             conn.send(msg(i, 100)).await.unwrap();
         }
@@ -227,7 +256,10 @@ async fn close_delivers_everything_first() {
     })
     .await;
     for i in 0..64u32 {
-        assert_eq!(step("read", server.recv()).await.unwrap().unwrap(), msg(i, 100));
+        assert_eq!(
+            step("read", server.recv()).await.unwrap().unwrap(),
+            msg(i, 100)
+        );
     }
     assert_eq!(step("end", server.recv()).await.unwrap(), None);
     step("client", client).await.unwrap();
@@ -242,7 +274,10 @@ async fn close_delivers_everything_first() {
         }
     })
     .await;
-    assert!(matches!(e, Error::PeerClosed | Error::ConnectionLost(_)), "{e}");
+    assert!(
+        matches!(e, Error::PeerClosed | Error::ConnectionLost(_)),
+        "{e}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -258,21 +293,33 @@ async fn rejected_with_reason_and_private_data() {
         drop(incoming); // dropping rejects too
         listener
     });
-    let e = step("connect", Connection::builder().private_data(&b"let me in"[..]).connect(addr))
-        .await
-        .unwrap_err();
+    let e = step(
+        "connect",
+        Connection::builder()
+            .private_data(&b"let me in"[..])
+            .connect(addr),
+    )
+    .await
+    .unwrap_err();
     match e {
-        Error::Rejected { reason, private_data } => {
+        Error::Rejected {
+            reason,
+            private_data,
+        } => {
             assert_eq!(reason.0, 28);
             assert_eq!(private_data, b"go away");
         }
         e => panic!("expected a reject, got {e}"),
     }
-    let e = step("connect", Connection::connect(addr)).await.unwrap_err();
+    let e = step("connect", Connection::connect(addr))
+        .await
+        .unwrap_err();
     assert!(matches!(e, Error::Rejected { .. }), "{e}");
     drop(step("server", server).await.unwrap());
     // Nobody listens on this port: reason 8.
-    let e = step("connect", Connection::connect(v4(port(8)))).await.unwrap_err();
+    let e = step("connect", Connection::connect(v4(port(8))))
+        .await
+        .unwrap_err();
     match e {
         Error::Rejected { reason, .. } => assert_eq!(reason.0, 8),
         e => panic!("expected reject reason 8, got {e}"),
@@ -288,11 +335,17 @@ async fn limits_are_typed_errors() {
         .connect(addr)
         .await
         .unwrap_err();
-    assert!(matches!(e, Error::PrivateDataTooLong { len: 41, max: 40 }), "{e}");
+    assert!(
+        matches!(e, Error::PrivateDataTooLong { len: 41, max: 40 }),
+        "{e}"
+    );
     let mut conn = step("connect", Connection::connect(addr)).await.unwrap();
     assert_eq!(conn.max_message_size(), 100, "the peer's maximum applies");
     let e = conn.send(vec![0u8; 101]).await.unwrap_err();
-    assert!(matches!(e, Error::MessageTooLarge { len: 101, max: 100 }), "{e}");
+    assert!(
+        matches!(e, Error::MessageTooLarge { len: 101, max: 100 }),
+        "{e}"
+    );
     conn.send(vec![7u8; 100]).await.unwrap();
     assert_eq!(step("echo", conn.recv()).await.unwrap().unwrap().len(), 100);
 }
@@ -315,7 +368,11 @@ async fn framed_protocol_over_the_stream_view() {
             framed.send(frame.freeze()).await.unwrap();
         }
     });
-    let conn = Connection::builder().config(config).connect(addr).await.unwrap();
+    let conn = Connection::builder()
+        .config(config)
+        .connect(addr)
+        .await
+        .unwrap();
     let mut framed = Framed::new(evchan::Stream::new(conn), LengthDelimitedCodec::new());
     for len in [1usize, 100, 511, 512, 513, 5000] {
         let frame: Vec<u8> = (0..len).map(|i| (i % 256) as u8).collect();
@@ -337,10 +394,17 @@ async fn malformed_handshake_is_rejected_and_others_are_served() {
     let status = tokio::task::spawn_blocking(move || raw_connect(addr, b"EVCH\x07garbage"))
         .await
         .unwrap();
-    assert_eq!(status, evchan_core::cm::EventKind::Rejected, "bad handshake");
+    assert_eq!(
+        status,
+        evchan_core::cm::EventKind::Rejected,
+        "bad handshake"
+    );
     let mut conn = step("connect", Connection::connect(addr)).await.unwrap();
     conn.send("still here").await.unwrap();
-    assert_eq!(step("echo", conn.recv()).await.unwrap().as_deref(), Some(&b"still here"[..]));
+    assert_eq!(
+        step("echo", conn.recv()).await.unwrap().as_deref(),
+        Some(&b"still here"[..])
+    );
 }
 
 /// A core-level client that connects with `private_data` and returns the final event kind.
@@ -350,8 +414,16 @@ fn raw_connect(addr: std::net::SocketAddr, private_data: &[u8]) -> evchan_core::
     use evchan_core::{CmId, EventChannel};
     let t = Duration::from_secs(5);
     let channel = EventChannel::new().unwrap();
-    let next = || channel.get_event_timeout(support::STEP).unwrap().expect("an event");
-    let id = CmId::new(&channel, PortSpace::Tcp).unwrap().resolve_addr(None, addr, t).unwrap();
+    let next = || {
+        channel
+            .get_event_timeout(support::STEP)
+            .unwrap()
+            .expect("an event")
+    };
+    let id = CmId::new(&channel, PortSpace::Tcp)
+        .unwrap()
+        .resolve_addr(None, addr, t)
+        .unwrap();
     let id = id.addr_resolved(&next()).unwrap();
     let ctx = id.context().unwrap();
     let (pd, comp) = (Pd::new(&ctx).unwrap(), CompChannel::new(&ctx).unwrap());
@@ -359,7 +431,9 @@ fn raw_connect(addr: std::net::SocketAddr, private_data: &[u8]) -> evchan_core::
     let id = id.resolve_route(t).unwrap();
     let mut id = id.route_resolved(&next()).unwrap();
     id.create_qp_with(&pd, &cq, &cq, &QpInit::new()).unwrap();
-    let id = id.connect(&ConnParam::new().private_data(private_data)).unwrap();
+    let id = id
+        .connect(&ConnParam::new().private_data(private_data))
+        .unwrap();
     let ev = next();
     let kind = ev.kind();
     drop(ev);
@@ -387,4 +461,40 @@ async fn dropping_mid_flight_hangs_nothing() {
     conn.send("after the drops").await.unwrap();
     assert!(step("echo", conn.recv()).await.unwrap().is_some());
     let _ = Lost::Closed;
+}
+
+/// `Incoming::accept` and `Connection::close` cancelled: the accepted connection is closed in
+/// the background (the peer reads the end), the close finishes in the background; nothing
+/// hangs, and the listener goes on serving.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelled_accept_and_close_finish_in_the_background() {
+    require_device!();
+    let listener = Listener::bind(v4(port(14)), Config::new()).await.unwrap();
+    let addr = listener.local_addr();
+    let client = tokio::spawn(Connection::connect(addr));
+    let incoming = step("accept", listener.accept()).await.unwrap();
+    // Cancelled at once: the request is accepted anyway, then closed when established.
+    let cancelled = tokio::time::timeout(Duration::from_micros(1), incoming.accept(b"")).await;
+    assert!(cancelled.is_err(), "the accept finished within 1 µs");
+    let mut conn = step("connect", client).await.unwrap().unwrap();
+    let end = step("the end of a cancelled accept", conn.recv()).await;
+    assert!(
+        matches!(end, Ok(None) | Err(Error::ConnectionLost(_))),
+        "{end:?}"
+    );
+
+    let client = tokio::spawn(Connection::connect(addr));
+    let mut server = step("accept", async {
+        listener.accept().await.unwrap().accept(b"").await.unwrap()
+    })
+    .await;
+    let conn = step("connect", client).await.unwrap().unwrap();
+    conn.send("last words").await.unwrap();
+    let closing = tokio::time::timeout(Duration::from_micros(1), conn.close()).await;
+    assert!(closing.is_err(), "the close finished within 1 µs");
+    assert_eq!(
+        step("read", server.recv()).await.unwrap().as_deref(),
+        Some(&b"last words"[..])
+    );
+    assert_eq!(step("end", server.recv()).await.unwrap(), None);
 }

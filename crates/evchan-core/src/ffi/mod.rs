@@ -33,6 +33,6 @@
 
 pub(crate) mod addr;
 pub(crate) mod cm;
-pub(crate) mod verbs;
 #[cfg(feature = "tokio")]
 pub(crate) mod tokio_fd;
+pub(crate) mod verbs;

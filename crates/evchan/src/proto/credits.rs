@@ -201,8 +201,8 @@ impl Credits {
     /// `None` when none is due or the control budget is spent.
     pub fn credit_update(&mut self) -> Option<u32> {
         let data = self.pending_data();
-        let returns_data = data >= (self.mine.data_slots / 2).max(1)
-            || (data >= 1 && self.peer_blocked());
+        let returns_data =
+            data >= (self.mine.data_slots / 2).max(1) || (data >= 1 && self.peer_blocked());
         let confirms = self.pending_ctrl() >= 2;
         let budget = u32::from(self.peer.ctrl_slots);
         let allowed =
@@ -391,7 +391,9 @@ mod tests {
             let peer = 1 - i;
             let s = &mut self.sides[i];
             while s.to_send > 0 {
-                let Some(imm) = s.credits.send_data() else { break };
+                let Some(imm) = s.credits.send_data() else {
+                    break;
+                };
                 self.wires[peer].push_back((imm, Some(s.next_seq)));
                 s.next_seq += 1;
                 s.to_send -= 1;
@@ -409,7 +411,9 @@ mod tests {
 
         /// Side `i` receives one message, if any.
         fn deliver(&mut self, i: usize) -> bool {
-            let Some((imm, seq)) = self.wires[i].pop_front() else { return false };
+            let Some((imm, seq)) = self.wires[i].pop_front() else {
+                return false;
+            };
             let s = &mut self.sides[i];
             match s.credits.on_receive(Some(imm), 1).expect("protocol error") {
                 Kind::Data => s.held.push_back(seq.expect("data carries a payload")),
@@ -423,7 +427,9 @@ mod tests {
         /// Side `i`'s application consumes one message, if it holds any.
         fn consume(&mut self, i: usize) -> bool {
             let s = &mut self.sides[i];
-            let Some(seq) = s.held.pop_front() else { return false };
+            let Some(seq) = s.held.pop_front() else {
+                return false;
+            };
             s.delivered.push(seq);
             s.credits.consumed();
             true
@@ -463,7 +469,10 @@ mod tests {
             }
         }
         for i in 0..2 {
-            assert_eq!(p.sides[i].to_send, 0, "side {i} could not send everything: deadlock");
+            assert_eq!(
+                p.sides[i].to_send, 0,
+                "side {i} could not send everything: deadlock"
+            );
             let peer = &p.sides[1 - i];
             let expect: Vec<u32> = (0..p.sides[i].next_seq).collect();
             assert_eq!(peer.delivered, expect, "in order, nothing lost or doubled");
@@ -532,7 +541,10 @@ mod tests {
                 p.deliver(i);
             }
         }
-        assert!(p.wires.iter().all(VecDeque::is_empty), "a storm of control messages");
+        assert!(
+            p.wires.iter().all(VecDeque::is_empty),
+            "a storm of control messages"
+        );
         assert_eq!(p.sides[0].held.len(), 4);
         finish(&mut p);
     }
@@ -543,11 +555,20 @@ mod tests {
         assert_eq!(c.on_receive(None, 0), Err(ProtocolError::NoImmediate));
         assert_eq!(c.on_receive(Some(3 << 30), 0), Err(ProtocolError::BadKind));
         assert_eq!(c.on_receive(Some(0), 1), Ok(Kind::Data));
-        assert!(matches!(c.on_receive(Some(0), 1), Err(ProtocolError::NoCredit { .. })));
+        assert!(matches!(
+            c.on_receive(Some(0), 1),
+            Err(ProtocolError::NoCredit { .. })
+        ));
         let mut c = Credits::new(hs(1, 3), hs(1, 3));
-        assert!(matches!(c.on_receive(Some(1 << 15), 1), Err(ProtocolError::OverReturn { .. })));
+        assert!(matches!(
+            c.on_receive(Some(1 << 15), 1),
+            Err(ProtocolError::OverReturn { .. })
+        ));
         let mut c = Credits::new(hs(1, 3), hs(1, 3));
-        assert!(matches!(c.on_receive(Some(0), 65), Err(ProtocolError::TooLarge { .. })));
+        assert!(matches!(
+            c.on_receive(Some(0), 65),
+            Err(ProtocolError::TooLarge { .. })
+        ));
         assert_eq!(c.on_receive(Some(2 << 30), 0), Ok(Kind::Fin));
         assert_eq!(c.on_receive(Some(0), 1), Err(ProtocolError::AfterFin));
     }

@@ -189,11 +189,29 @@ mod tests {
         assert_eq!(decode(&wire), Err(HandshakeError::Version(9)));
         let mut wire = HS.encode(b"");
         wire[5] = 10;
-        assert!(matches!(decode(&wire), Err(HandshakeError::UserLen { claimed: 10, present: 0 })));
-        let bad = Handshake { ctrl_slots: 2, ..HS };
-        assert!(matches!(decode(&bad.encode(b"")), Err(HandshakeError::Limits { .. })));
-        let bad = Handshake { data_slots: 0, ..HS };
-        assert!(matches!(decode(&bad.encode(b"")), Err(HandshakeError::Limits { .. })));
+        assert!(matches!(
+            decode(&wire),
+            Err(HandshakeError::UserLen {
+                claimed: 10,
+                present: 0
+            })
+        ));
+        let bad = Handshake {
+            ctrl_slots: 2,
+            ..HS
+        };
+        assert!(matches!(
+            decode(&bad.encode(b"")),
+            Err(HandshakeError::Limits { .. })
+        ));
+        let bad = Handshake {
+            data_slots: 0,
+            ..HS
+        };
+        assert!(matches!(
+            decode(&bad.encode(b"")),
+            Err(HandshakeError::Limits { .. })
+        ));
     }
 
     proptest! {

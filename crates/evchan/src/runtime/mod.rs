@@ -223,7 +223,6 @@ impl Runtime {
         }
     }
 
-
     pub(crate) fn conn_id(&self) -> ConnId {
         ConnId(
             self.next_conn
@@ -249,7 +248,7 @@ fn run(
     // by then), CQs before their completion channels, PDs before their contexts.
     let channels: Vec<EventChannel> = match (0..rxs.len()).map(|_| EventChannel::new()).collect() {
         Ok(c) => c,
-        Err(e) => return drop(ready.send(Err(Error::Core(e)))),
+        Err(e) => return drop(ready.send(Err(e.into()))),
     };
     let devices: Vec<Device> = match Context::rdma_cm_devices() {
         Ok(list) => list

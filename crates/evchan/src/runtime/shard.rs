@@ -232,6 +232,14 @@ fn status_error(step: Step, status: Status) -> Error {
     }
 }
 
+/// An immediate failure of `rdma_resolve_addr` / `rdma_resolve_route` (e.g. `ENETUNREACH`).
+fn resolve_failed(step: Step, e: evchan_core::Error) -> Error {
+    match e {
+        evchan_core::Error::Os { source, .. } => Error::Resolve { step, source },
+        e => e.into(),
+    }
+}
+
 fn libc_etimedout() -> i32 {
     io::Error::from(io::ErrorKind::TimedOut)
         .raw_os_error()
@@ -327,7 +335,7 @@ impl<'s, 'c> Shard<'s, 'c> {
         };
         let id = match id.resolve_addr(None, addr, config.addr_timeout) {
             Ok(id) => id,
-            Err(e) => return drop(reply.send(Err(e.error.into()))),
+            Err(e) => return drop(reply.send(Err(resolve_failed(Step::Address, e.error)))),
         };
         tracing::debug!(?conn, %addr, "connecting");
         let key = id.key();
@@ -607,20 +615,22 @@ impl<'s, 'c> Shard<'s, 'c> {
         let status = event.status();
         let state = std::mem::replace(&mut c.id, IdState::Gone);
         let result: Result<()> = match (state, kind) {
-            (IdState::ResolvingAddr(id), EventKind::AddrResolved) => match id.addr_resolved(event)
-            {
-                Ok(id) => match id.resolve_route(c.config.route_timeout) {
-                    Ok(id) => {
-                        c.id = IdState::ResolvingRoute(id);
-                        c.phase = Phase::Setup(Step::Route);
-                        c.deadline =
-                            Some(Instant::now() + c.config.route_timeout + Duration::from_secs(1));
-                        Ok(())
-                    }
+            (IdState::ResolvingAddr(id), EventKind::AddrResolved) => {
+                match id.addr_resolved(event) {
+                    Ok(id) => match id.resolve_route(c.config.route_timeout) {
+                        Ok(id) => {
+                            c.id = IdState::ResolvingRoute(id);
+                            c.phase = Phase::Setup(Step::Route);
+                            c.deadline = Some(
+                                Instant::now() + c.config.route_timeout + Duration::from_secs(1),
+                            );
+                            Ok(())
+                        }
+                        Err(e) => Err(resolve_failed(Step::Route, e.error)),
+                    },
                     Err(e) => Err(e.error.into()),
-                },
-                Err(e) => Err(e.error.into()),
-            },
+                }
+            }
             (IdState::ResolvingRoute(id), EventKind::RouteResolved) => {
                 match id.route_resolved(event) {
                     Ok(id) => {
@@ -771,7 +781,11 @@ impl<'s, 'c> Shard<'s, 'c> {
             }
         }
         for (slot, wc) in early {
-            if self.conns.get(&conn).is_some_and(|c| c.phase == Phase::Open) {
+            if self
+                .conns
+                .get(&conn)
+                .is_some_and(|c| c.phase == Phase::Open)
+            {
                 self.on_recv(conn, slot, &wc);
             }
         }
@@ -780,7 +794,12 @@ impl<'s, 'c> Shard<'s, 'c> {
 
     fn on_disconnected(&mut self, conn: ConnId, removed: bool) {
         // Completions that came before the disconnect are delivered first.
-        if let Some(d) = self.conns.get(&conn).and_then(|c| c.path.as_ref()).map(|p| p.dev) {
+        if let Some(d) = self
+            .conns
+            .get(&conn)
+            .and_then(|c| c.path.as_ref())
+            .map(|p| p.dev)
+        {
             self.poll_cq(d);
         }
         let Some(c) = self.conns.get_mut(&conn) else {
@@ -849,11 +868,15 @@ impl<'s, 'c> Shard<'s, 'c> {
             .names
             .iter()
             .position(|n| *n == name)
-            .ok_or(Error::Exhausted("the id's device was not open when the runtime started"))?;
+            .ok_or(Error::Exhausted(
+                "the id's device was not open when the runtime started",
+            ))?;
         let c = self.conns.get_mut(&conn).expect("present");
         let cost = c.config.cq_cost();
         if self.cq_free[dev] < cost {
-            return Err(Error::Exhausted("CQ entries of the shard (see Config::cq_entries)"));
+            return Err(Error::Exhausted(
+                "CQ entries of the shard (see Config::cq_entries)",
+            ));
         }
         let config = &c.config;
         let ctrl = u32::from(config.ctrl_slots);
@@ -1338,7 +1361,9 @@ impl<'s, 'c> Shard<'s, 'c> {
 }
 
 /// The id of an open connection, for posting.
-fn connected<'a, 's>(id: &'a IdState<'s>) -> Option<&'a CmId<'s, evchan_core::cm::state::Connected>> {
+fn connected<'a, 's>(
+    id: &'a IdState<'s>,
+) -> Option<&'a CmId<'s, evchan_core::cm::state::Connected>> {
     match id {
         IdState::Connected(id) => Some(id),
         _ => None,

@@ -88,9 +88,11 @@ pub fn rss_kib() -> u64 {
 
 /// rxe0's hardware counter `name` (e.g. `rcvd_rnr_err`), if the device exposes it.
 pub fn rxe_counter(name: &str) -> Option<u64> {
-    std::fs::read_to_string(format!("/sys/class/infiniband/rxe0/ports/1/hw_counters/{name}"))
-        .ok()
-        .and_then(|s| s.trim().parse().ok())
+    std::fs::read_to_string(format!(
+        "/sys/class/infiniband/rxe0/ports/1/hw_counters/{name}"
+    ))
+    .ok()
+    .and_then(|s| s.trim().parse().ok())
 }
 
 /// Lines of `rdma resource show <kind>` that name this process.
