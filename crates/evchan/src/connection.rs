@@ -232,6 +232,9 @@ impl Connection {
     /// returns `None`; then `rdma_disconnect`, and everything of the connection (id, QP,
     /// memory regions) is released. Returns once that is done.
     ///
+    /// Queued messages wait for the peer's credits as long as it takes: a live peer that does
+    /// not read keeps the close waiting (a dead one ends it with the transport's retries).
+    ///
     /// Cancel safety: dropping the future leaves the close to finish in the background.
     pub async fn close(self) {
         let (reply, done) = oneshot::channel();

@@ -422,7 +422,7 @@ impl<'s, 'c> Shard<'s, 'c> {
                 tracing::debug!(?conn, "reject failed: {}", e.error);
             }
         }
-        self.release(c);
+        self.release(conn, c);
     }
 
     fn close(&mut self, conn: ConnId, reply: Option<oneshot::Sender<()>>) {
@@ -436,11 +436,11 @@ impl<'s, 'c> Shard<'s, 'c> {
         c.inbox = None;
         match c.phase {
             Phase::Open => {
+                // No deadline while queued messages wait for the peer's credits: a live peer
+                // that reads slowly gets everything. Once the FIN is posted, the transport's
+                // retries bound the rest, and DRAIN_TIMEOUT after that.
                 c.want_fin = true;
                 c.closing = true;
-                if c.deadline.is_none() {
-                    c.deadline = Some(Instant::now() + DRAIN_TIMEOUT);
-                }
                 self.dirty.push(conn);
             }
             Phase::Draining => {}
@@ -449,7 +449,7 @@ impl<'s, 'c> Shard<'s, 'c> {
                     let _ = r.send(Err(Error::ConnectionLost(Lost::Closed)));
                 }
                 if let Some(c) = self.remove(conn) {
-                    self.release(c);
+                    self.release(conn, c);
                 }
             }
         }
@@ -934,7 +934,7 @@ impl<'s, 'c> Shard<'s, 'c> {
             if let Some(reply) = c.reply.take() {
                 let _ = reply.send(Err(error));
             }
-            self.release(c);
+            self.release(conn, c);
         }
     }
 
@@ -948,8 +948,13 @@ impl<'s, 'c> Shard<'s, 'c> {
 
     /// Destroys a removed connection: the id (and its QP) first, then its memory regions;
     /// posted work requests of it are forgotten (their slots are never reused).
-    fn release(&mut self, mut c: Conn<'s>) {
+    fn release(&mut self, conn: ConnId, mut c: Conn<'s>) {
         c.id = IdState::Gone;
+        if c.outstanding > 0 {
+            // The QP is gone with the id: its posted work requests never complete. Their slots
+            // are forgotten (never reused); the memory goes with the pool.
+            self.posted.retain(|_, w| w.conn != conn);
+        }
         if let Some(path) = c.path.take() {
             self.cq_free[path.dev] += c.cq_reserved;
             drop(path);
@@ -1181,7 +1186,7 @@ impl<'s, 'c> Shard<'s, 'c> {
         if done {
             if let Some(c) = self.remove(conn) {
                 tracing::debug!(?conn, "released");
-                self.release(c);
+                self.release(conn, c);
             }
         }
     }
@@ -1199,20 +1204,10 @@ impl<'s, 'c> Shard<'s, 'c> {
             match phase {
                 Phase::Setup(step) => self.fail_setup(conn, Error::TimedOut(step)),
                 Phase::Open | Phase::Draining | Phase::Requested => {
-                    // A close that did not finish: drop everything now; the flushes of a
-                    // destroyed QP are ignored.
-                    let stale: Vec<u64> = self
-                        .posted
-                        .iter()
-                        .filter(|(_, w)| w.conn == conn)
-                        .map(|(k, _)| *k)
-                        .collect();
-                    for k in stale {
-                        self.posted.remove(&k);
-                    }
+                    // A close that did not finish: release everything now.
                     if let Some(c) = self.remove(conn) {
                         tracing::debug!(?conn, "drain timed out; released");
-                        self.release(c);
+                        self.release(conn, c);
                     }
                 }
             }
@@ -1312,6 +1307,9 @@ impl<'s, 'c> Shard<'s, 'c> {
                         c.outstanding += 1;
                         if fin {
                             c.fin_wr = Some(posted.wr_id());
+                            if c.closing {
+                                c.deadline = Some(Instant::now() + DRAIN_TIMEOUT);
+                            }
                         }
                         self.posted.insert(
                             posted.wr_id(),
