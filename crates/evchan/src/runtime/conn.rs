@@ -70,6 +70,8 @@ pub(super) struct Path<'s> {
 }
 
 pub(super) struct Conn<'s> {
+    /// The connection's lifecycle span (`evchan.conn`): its events are recorded in it.
+    pub(super) span: tracing::Span,
     pub(super) id: IdState<'s>,
     pub(super) phase: Phase,
     pub(super) deadline: Option<Instant>,
@@ -109,8 +111,14 @@ pub(super) struct Conn<'s> {
 }
 
 impl Conn<'_> {
-    pub(super) fn new(id: IdState<'_>, phase: Phase, config: Config) -> Conn<'_> {
+    pub(super) fn new(
+        conn: super::ConnId,
+        id: IdState<'_>,
+        phase: Phase,
+        config: Config,
+    ) -> Conn<'_> {
         Conn {
+            span: tracing::debug_span!(parent: None, "evchan.conn", conn = conn.0),
             id,
             phase,
             deadline: None,

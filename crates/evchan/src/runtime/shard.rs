@@ -337,14 +337,15 @@ impl<'s, 'c> Shard<'s, 'c> {
             Ok(id) => id,
             Err(e) => return drop(reply.send(Err(resolve_failed(Step::Address, e.error)))),
         };
-        tracing::debug!(?conn, %addr, "connecting");
         let key = id.key();
         let mut c = Conn::new(
+            conn,
             IdState::ResolvingAddr(id),
             Phase::Setup(Step::Address),
             config,
         );
         c.deadline = Some(Instant::now() + c.config.addr_timeout + Duration::from_secs(1));
+        tracing::debug!(parent: &c.span, %addr, "connecting");
         c.private_data = private_data;
         c.reply = Some(reply);
         c.peer_addr = Some(addr);
@@ -500,7 +501,9 @@ impl<'s, 'c> Shard<'s, 'c> {
             return;
         };
         let phase = self.conns.get(&conn).map(|c| c.phase);
-        tracing::debug!(?conn, %kind, status = %event.status(), ?phase, "cm event");
+        if let Some(c) = self.conns.get(&conn) {
+            tracing::debug!(parent: &c.span, %kind, status = %event.status(), ?phase, "cm event");
+        }
         match phase {
             Some(Phase::Setup(_) | Phase::Requested) => self.on_setup_event(conn, &event),
             Some(Phase::Open | Phase::Draining) => match kind {
@@ -601,7 +604,8 @@ impl<'s, 'c> Shard<'s, 'c> {
             let _ = m.id.reject(&[]);
             return;
         }
-        let mut c = Conn::new(IdState::Requested(m.id), Phase::Requested, m.config);
+        let mut c = Conn::new(m.conn, IdState::Requested(m.id), Phase::Requested, m.config);
+        tracing::debug!(parent: &c.span, peer = ?peer_addr, "request");
         c.peer = Some(m.peer);
         c.peer_addr = peer_addr;
         c.local_addr = local_addr;
@@ -772,7 +776,7 @@ impl<'s, 'c> Shard<'s, 'c> {
             peer,
             max_send,
         };
-        tracing::debug!(?conn, peer = ?c.peer_addr, early = c.early.len(), "established");
+        tracing::debug!(parent: &c.span, peer = ?c.peer_addr, early = c.early.len(), "established");
         let early = std::mem::take(&mut c.early);
         if let Some(reply) = c.reply.take() {
             if reply.send(Ok(established)).is_err() {
@@ -929,8 +933,8 @@ impl<'s, 'c> Shard<'s, 'c> {
     }
 
     fn fail_setup(&mut self, conn: ConnId, error: Error) {
-        tracing::debug!(?conn, "setup failed: {error}");
         if let Some(mut c) = self.remove(conn) {
+            tracing::debug!(parent: &c.span, "setup failed: {error}");
             if let Some(reply) = c.reply.take() {
                 let _ = reply.send(Err(error));
             }
@@ -1150,10 +1154,10 @@ impl<'s, 'c> Shard<'s, 'c> {
     /// Ends a connection abnormally: the receive half gets `why`, sends fail, the id is
     /// disconnected and goes once its work requests are flushed.
     fn lose(&mut self, conn: ConnId, why: Lost) {
-        tracing::debug!(?conn, %why, "connection lost");
         let Some(c) = self.conns.get_mut(&conn) else {
             return;
         };
+        tracing::debug!(parent: &c.span, %why, "connection lost");
         if !c.ended {
             c.ended = true;
             if let Some(inbox) = &c.inbox {
@@ -1185,7 +1189,7 @@ impl<'s, 'c> Shard<'s, 'c> {
             .is_some_and(|c| c.phase == Phase::Draining && c.outstanding == 0);
         if done {
             if let Some(c) = self.remove(conn) {
-                tracing::debug!(?conn, "released");
+                tracing::debug!(parent: &c.span, "released");
                 self.release(conn, c);
             }
         }
