@@ -28,6 +28,7 @@ pub struct Config {
     pub(crate) shards: usize,
     pub(crate) backlog: u32,
     pub(crate) cq_entries: u32,
+    pub(crate) busy_poll: Option<Duration>,
 }
 
 impl Default for Config {
@@ -53,6 +54,7 @@ impl Config {
             shards: std::thread::available_parallelism().map_or(1, usize::from),
             backlog: 128,
             cq_entries: 16_384,
+            busy_poll: None,
         }
     }
 
@@ -108,7 +110,8 @@ impl Config {
     }
 
     /// How many event channels (each with its own thread and completion channel) spread the
-    /// connections; at least 1. Listeners and connections with the same number share them.
+    /// connections; at least 1. Listeners and connections with the same number (and the same
+    /// CQ entries and busy-poll window) share them.
     #[must_use]
     pub fn shards(mut self, n: usize) -> Self {
         self.shards = n;
@@ -124,10 +127,20 @@ impl Config {
     }
 
     /// CQ entries of each shard (shared by its connections; each takes
-    /// `recv_depth + send_depth + 2 × 4`). Applies when the shards are first started.
+    /// `recv_depth + send_depth + 2 × 4`). Handles with different values get different shards.
     #[must_use]
     pub fn cq_entries(mut self, n: u32) -> Self {
         self.cq_entries = n;
+        self
+    }
+
+    /// Busy-poll: before a shard sleeps, it polls its CQs, commands and returned buffers
+    /// without sleeping until nothing has happened for `window` (like rsocket's polling
+    /// window). Off by default: it trades a CPU per shard for latency. Handles whose shards,
+    /// CQ entries and busy-poll window are equal share one set of shards.
+    #[must_use]
+    pub fn busy_poll(mut self, window: Option<Duration>) -> Self {
+        self.busy_poll = window;
         self
     }
 

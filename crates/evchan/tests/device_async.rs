@@ -498,3 +498,25 @@ async fn cancelled_accept_and_close_finish_in_the_background() {
     );
     assert_eq!(step("end", server.recv()).await.unwrap(), None);
 }
+
+/// The busy-poll window changes how the shards wait, not what arrives.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn busy_poll_echo() {
+    require_device!();
+    let config = Config::new().busy_poll(Some(Duration::from_micros(200)));
+    let addr = echo_server(v4(port(15)), config.clone()).await;
+    let mut conn = step(
+        "connect",
+        Connection::builder().config(config).connect(addr),
+    )
+    .await
+    .unwrap();
+    for i in 0..200u32 {
+        conn.send(msg(i, 64)).await.unwrap();
+        assert_eq!(
+            step("echo", conn.recv()).await.unwrap().unwrap(),
+            msg(i, 64)
+        );
+    }
+    step("close", conn.close()).await;
+}

@@ -167,7 +167,10 @@ impl ShardRef {
     }
 }
 
-static RUNTIMES: Mutex<Vec<(usize, Weak<Runtime>)>> = Mutex::new(Vec::new());
+/// What makes two runtimes different: shards, CQ entries, busy-poll window.
+type RuntimeKey = (usize, u32, Option<std::time::Duration>);
+
+static RUNTIMES: Mutex<Vec<(RuntimeKey, Weak<Runtime>)>> = Mutex::new(Vec::new());
 
 impl Runtime {
     /// The running runtime of `config.shards` shards, or a new one.
@@ -175,19 +178,20 @@ impl Runtime {
         config.validate()?;
         let mut all = RUNTIMES.lock().unwrap_or_else(PoisonError::into_inner);
         all.retain(|(_, w)| w.strong_count() > 0);
+        let key = (config.shards, config.cq_entries, config.busy_poll);
         if let Some(rt) = all
             .iter()
-            .find(|(n, _)| *n == config.shards)
+            .find(|(k, _)| *k == key)
             .and_then(|(_, w)| w.upgrade())
         {
             return Ok(rt);
         }
-        let rt = Self::start(config.shards, config.cq_entries)?;
-        all.push((config.shards, Arc::downgrade(&rt)));
+        let rt = Self::start(key)?;
+        all.push((key, Arc::downgrade(&rt)));
         Ok(rt)
     }
 
-    fn start(shards: usize, cq_entries: u32) -> Result<Arc<Runtime>> {
+    fn start((shards, cq_entries, busy_poll): RuntimeKey) -> Result<Arc<Runtime>> {
         let (txs, rxs): (Vec<_>, Vec<_>) = (0..shards).map(|_| mpsc::unbounded_channel()).unzip();
         let rt = Arc::new(Runtime {
             shards: txs,
@@ -198,7 +202,7 @@ impl Runtime {
         let (ready_tx, ready_rx) = std::sync::mpsc::channel();
         std::thread::Builder::new()
             .name("evchan-rt".into())
-            .spawn(move || run(rxs, &weak, cq_entries, &ready_tx))?;
+            .spawn(move || run(rxs, &weak, cq_entries, busy_poll, &ready_tx))?;
         match ready_rx.recv() {
             Ok(Ok(())) => Ok(rt),
             Ok(Err(e)) => Err(e),
@@ -242,6 +246,7 @@ fn run(
     rxs: Vec<mpsc::UnboundedReceiver<Cmd>>,
     rt: &Weak<Runtime>,
     cq_entries: u32,
+    busy_poll: Option<std::time::Duration>,
     ready: &std::sync::mpsc::Sender<Result<()>>,
 ) {
     // Declaration order is the reverse of drop order: event channels last (their ids are gone
@@ -298,6 +303,7 @@ fn run(
                 comps: &comps[k],
                 cqs,
                 cq_entries,
+                busy_poll,
                 rt: rt.clone(),
                 peers: peer_txs.clone(),
             };

@@ -40,6 +40,7 @@ pub(super) struct Env<'s, 'c> {
     pub(super) comps: &'s [CompChannel<'c>],
     pub(super) cqs: &'s [Cq<'c>],
     pub(super) cq_entries: u32,
+    pub(super) busy_poll: Option<Duration>,
     pub(super) rt: Weak<Runtime>,
     pub(super) peers: Vec<mpsc::UnboundedSender<Migrated<'s>>>,
 }
@@ -167,6 +168,9 @@ async fn drive<'s, 'c>(
     loop {
         if shard.closed_rx && shard.conns.is_empty() && shard.listeners.is_empty() {
             break;
+        }
+        if let Some(window) = shard.env.busy_poll {
+            shard.busy_poll(window, &mut rx, &mut slots_rx);
         }
         let deadline = shard.next_deadline();
         tokio::select! {
@@ -804,7 +808,7 @@ impl<'s, 'c> Shard<'s, 'c> {
             .and_then(|c| c.path.as_ref())
             .map(|p| p.dev)
         {
-            self.poll_cq(d);
+            let _ = self.poll_cq(d);
         }
         let Some(c) = self.conns.get_mut(&conn) else {
             return;
@@ -994,10 +998,48 @@ impl<'s, 'c> Shard<'s, 'c> {
         if let Err(e) = self.env.cqs[d].req_notify(false) {
             tracing::error!("ibv_req_notify_cq: {e}");
         }
-        self.poll_cq(d);
+        let _ = self.poll_cq(d);
     }
 
-    fn poll_cq(&mut self, d: usize) {
+    /// Polls the CQs, commands and returned slots without sleeping until nothing has happened
+    /// for `window` (at most 16 windows in all, so that rdma_cm events wait no longer). The
+    /// CQs stay armed meanwhile: a completion the spin does not see wakes the next wait.
+    fn busy_poll(
+        &mut self,
+        window: Duration,
+        rx: &mut mpsc::UnboundedReceiver<Cmd>,
+        slots_rx: &mut mpsc::UnboundedReceiver<(ConnId, Slot)>,
+    ) {
+        if self.conns.is_empty() {
+            return;
+        }
+        let start = Instant::now();
+        let mut last = start;
+        while last.elapsed() < window && start.elapsed() < window * 16 {
+            let mut busy = false;
+            while let Ok(cmd) = rx.try_recv() {
+                self.on_cmd(cmd);
+                busy = true;
+            }
+            while let Ok((conn, slot)) = slots_rx.try_recv() {
+                self.on_slot_back(conn, slot);
+                busy = true;
+            }
+            for d in 0..self.env.cqs.len() {
+                busy |= self.poll_cq(d) > 0;
+            }
+            if busy {
+                self.flush_dirty();
+                last = Instant::now();
+            } else {
+                std::hint::spin_loop();
+            }
+        }
+    }
+
+    /// Polls the CQ of device `d` until it is empty; how many completions it had.
+    fn poll_cq(&mut self, d: usize) -> usize {
+        let mut total = 0;
         loop {
             let mut wcs = std::mem::take(&mut self.wcs);
             let n = match self.env.cqs[d].poll(&mut wcs, POLL_BATCH) {
@@ -1011,8 +1053,9 @@ impl<'s, 'c> Shard<'s, 'c> {
                 self.on_wc(&wc);
             }
             self.wcs = wcs;
+            total += n;
             if n < POLL_BATCH {
-                break;
+                break total;
             }
         }
     }
