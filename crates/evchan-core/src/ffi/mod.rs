@@ -33,4 +33,6 @@
 
 pub(crate) mod addr;
 pub(crate) mod cm;
+#[cfg(feature = "fuzzing")]
+pub mod fuzzing;
 pub(crate) mod verbs;
