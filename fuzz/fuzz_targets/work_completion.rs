@@ -27,7 +27,7 @@ fuzz_target!(|data: &[u8]| {
     wc.status = input.code(24);
     wc.opcode = match input.u8() % 4 {
         0 => input.code(10),
-        1 => 128 + input.code(2),
+        1 => 128u32.wrapping_add(input.code(2)),
         _ => input.u32(),
     };
     wc.vendor_err = input.u32();
