@@ -4,9 +4,9 @@
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
-/// Marker the device-test script prints before each test: `@@evchan-test-begin BIN TEST`.
+/// Marker the device-test script prints before each binary: `@@evchan-test-begin BIN`.
 pub const BEGIN: &str = "@@evchan-test-begin ";
-/// Marker the device-test script prints after each test: `@@evchan-test-end BIN TEST RC`.
+/// Marker the device-test script prints after each binary: `@@evchan-test-end BIN RC`.
 pub const END: &str = "@@evchan-test-end ";
 
 /// How one test ended.
@@ -58,29 +58,6 @@ pub fn listed(list_output: &str) -> Vec<String> {
         .collect()
 }
 
-/// The numbers of a `test result: ok. 1 passed; 0 failed; 2 ignored; …` line.
-fn result_numbers(line: &str) -> Option<(u64, u64, u64)> {
-    let rest = &line[line.find("test result: ")? + "test result: ".len()..];
-    let number_before = |word: &str| {
-        rest.split(';')
-            .find_map(|part| {
-                part.trim()
-                    .strip_suffix(word)?
-                    .trim()
-                    .rsplit(' ')
-                    .next()?
-                    .parse::<u64>()
-                    .ok()
-            })
-            .unwrap_or(0)
-    };
-    Some((
-        number_before(" passed"),
-        number_before(" failed"),
-        number_before(" ignored"),
-    ))
-}
-
 /// One test binary (or doc-test run) in the output of `cargo test`.
 #[derive(Debug, Default)]
 pub struct Section {
@@ -99,24 +76,63 @@ pub struct Section {
 }
 
 impl Section {
+    /// One line of libtest's output (trimmed); `pending` is a `test NAME ... ` whose result is
+    /// still to come on a later line (with `--nocapture`, the test's output comes between).
+    pub fn add_line(&mut self, t: &str, pending: &mut Option<String>) {
+        if let Some((test, reason)) = skip_line(t) {
+            self.skips.insert(test.to_owned(), reason.to_owned());
+        }
+        if let Some(n) = t
+            .strip_prefix("running ")
+            .and_then(|r| r.strip_suffix(" tests").or_else(|| r.strip_suffix(" test")))
+            .and_then(|n| n.parse().ok())
+        {
+            self.announced = Some(n);
+        } else if t.contains("test result: ") {
+            self.finished = true;
+            *pending = None;
+        } else if let Some(rest) = t.strip_prefix("test ") {
+            if let Some((name, result)) = rest.split_once(" ... ") {
+                let word = result.split_whitespace().next().unwrap_or("");
+                if matches!(word, "ok" | "FAILED" | "ignored" | "ignored,") {
+                    self.results
+                        .push((name.to_owned(), result.trim().to_owned()));
+                    *pending = None;
+                } else {
+                    *pending = Some(name.to_owned());
+                }
+            } else if let Some(name) = rest.strip_suffix(" ...") {
+                *pending = Some(name.to_owned());
+            }
+        } else if let Some(name) = pending.clone() {
+            if matches!(t, "ok" | "FAILED") || t.starts_with("ignored") {
+                self.results.push((name, t.to_owned()));
+                *pending = None;
+            }
+        }
+    }
+
+    /// The verdict of test `name` by its result line and skip line, if it reported.
+    pub fn verdict_of(&self, name: &str) -> Option<Verdict> {
+        let (_, result) = self.results.iter().find(|(n, _)| n == name)?;
+        Some(if result == "ok" {
+            match self.skips.get(name) {
+                Some(reason) => Verdict::Skipped(reason.clone()),
+                None => Verdict::Passed,
+            }
+        } else if result.starts_with("ignored") {
+            Verdict::Skipped(format!("#[ignore] ({result})"))
+        } else {
+            Verdict::Failed(result.clone())
+        })
+    }
+
     /// The verdicts of its tests; tests announced but never reported come last, as failures.
     pub fn verdicts(&self) -> Vec<(String, Verdict)> {
         let mut out: Vec<(String, Verdict)> = self
             .results
             .iter()
-            .map(|(name, result)| {
-                let v = if result == "ok" {
-                    match self.skips.get(name) {
-                        Some(reason) => Verdict::Skipped(reason.clone()),
-                        None => Verdict::Passed,
-                    }
-                } else if result.starts_with("ignored") {
-                    Verdict::Skipped(format!("#[ignore] ({result})"))
-                } else {
-                    Verdict::Failed(result.clone())
-                };
-                (name.clone(), v)
-            })
+            .filter_map(|(name, _)| Some((name.clone(), self.verdict_of(name)?)))
             .collect();
         let lost = self.announced.unwrap_or(0).saturating_sub(out.len() as u64);
         for i in 0..lost {
@@ -168,39 +184,8 @@ impl CargoTestLog {
             });
             return;
         }
-        let Some(sec) = self.sections.last_mut() else {
-            return;
-        };
-        if let Some((test, reason)) = skip_line(t) {
-            sec.skips.insert(test.to_owned(), reason.to_owned());
-        }
-        if let Some(n) = t
-            .strip_prefix("running ")
-            .and_then(|r| r.strip_suffix(" tests").or_else(|| r.strip_suffix(" test")))
-            .and_then(|n| n.parse().ok())
-        {
-            sec.announced = Some(n);
-        } else if t.contains("test result: ") {
-            sec.finished = true;
-            self.pending = None;
-        } else if let Some(rest) = t.strip_prefix("test ") {
-            if let Some((name, result)) = rest.split_once(" ... ") {
-                let word = result.split_whitespace().next().unwrap_or("");
-                if matches!(word, "ok" | "FAILED" | "ignored" | "ignored,") {
-                    sec.results
-                        .push((name.to_owned(), result.trim().to_owned()));
-                    self.pending = None;
-                } else {
-                    self.pending = Some(name.to_owned());
-                }
-            } else if let Some(name) = rest.strip_suffix(" ...") {
-                self.pending = Some(name.to_owned());
-            }
-        } else if let Some(name) = self.pending.clone() {
-            if matches!(t, "ok" | "FAILED") || t.starts_with("ignored") {
-                sec.results.push((name, t.to_owned()));
-                self.pending = None;
-            }
+        if let Some(sec) = self.sections.last_mut() {
+            sec.add_line(t, &mut self.pending);
         }
     }
 
@@ -210,80 +195,71 @@ impl CargoTestLog {
     }
 }
 
-/// Reads the device-test script's output: the begin/end markers around each test, its skip
-/// line and libtest's result line in between.
+/// Reads the device-test script's output: each binary between its begin and end markers,
+/// libtest's lines in between.
 #[derive(Debug, Default)]
 pub struct DeviceLog {
-    /// `(binary, test)` → verdict, for every test that ended.
-    pub ended: BTreeMap<(String, String), Verdict>,
-    current: Option<Current>,
-}
-
-#[derive(Debug)]
-struct Current {
-    bin: String,
-    test: String,
-    skip: Option<String>,
-    /// (passed, failed, ignored) of libtest's result line.
-    result: Option<(u64, u64, u64)>,
+    /// Binary label → what it reported, and its exit status.
+    pub ended: BTreeMap<String, (Section, i32)>,
+    /// Binaries that began but never ended (the run ended first).
+    pub unended: BTreeMap<String, Section>,
+    current: Option<(String, Section)>,
+    pending: Option<String>,
 }
 
 impl DeviceLog {
     pub fn add_line(&mut self, line: &str) {
         let t = line.trim();
-        if let Some(rest) = t.strip_prefix(BEGIN) {
-            if let Some((bin, test)) = rest.split_once(' ') {
-                self.current = Some(Current {
-                    bin: bin.to_owned(),
-                    test: test.to_owned(),
-                    skip: None,
-                    result: None,
-                });
+        if let Some(bin) = t.strip_prefix(BEGIN) {
+            self.pending = None;
+            if let Some((bin, sec)) = self.current.take() {
+                self.unended.insert(bin, sec);
             }
+            self.current = Some((bin.to_owned(), Section::default()));
             return;
         }
         if let Some(rest) = t.strip_prefix(END) {
-            let Some(cur) = self.current.take() else {
-                return;
-            };
             let rc = rest.rsplit(' ').next().and_then(|c| c.parse::<i32>().ok());
-            let v = verdict(rc, cur.skip, cur.result);
-            self.ended.insert((cur.bin, cur.test), v);
-            return;
-        }
-        let Some(cur) = self.current.as_mut() else {
-            return;
-        };
-        if let Some((test, reason)) = skip_line(t) {
-            if test == cur.test {
-                cur.skip = Some(reason.to_owned());
+            if let Some((bin, sec)) = self.current.take() {
+                self.ended.insert(bin, (sec, rc.unwrap_or(-1)));
             }
+            return;
         }
-        if let Some(n) = result_numbers(t) {
-            cur.result = Some(n);
+        if let Some((_, sec)) = self.current.as_mut() {
+            sec.add_line(t, &mut self.pending);
         }
+    }
+
+    /// The verdict of each listed test of `bin`; a test that never reported fails, saying how
+    /// its binary ended (`end` when the whole run ended first).
+    pub fn verdicts(&mut self, bin: &str, listed: &[String], end: &str) -> Vec<(String, Verdict)> {
+        if let Some((bin, sec)) = self.current.take() {
+            self.unended.insert(bin, sec);
+        }
+        let (sec, how) = match (self.ended.get(bin), self.unended.get(bin)) {
+            (Some((sec, rc)), _) => (Some(sec), describe_exit(*rc)),
+            (None, Some(sec)) => (Some(sec), format!("it never ended: {end}")),
+            (None, None) => (None, format!("it never started: {end}")),
+        };
+        listed
+            .iter()
+            .map(|name| {
+                let v = sec.and_then(|s| s.verdict_of(name)).unwrap_or_else(|| {
+                    Verdict::Failed(format!("never reported: its binary {how}"))
+                });
+                (name.clone(), v)
+            })
+            .collect()
     }
 }
 
-/// One test run alone (`--exact NAME`): its exit status, skip line and result line.
-fn verdict(rc: Option<i32>, skip: Option<String>, result: Option<(u64, u64, u64)>) -> Verdict {
+/// How a binary ended, from the exit status the script saw.
+fn describe_exit(rc: i32) -> String {
     match rc {
-        Some(0) => match (skip, result) {
-            (Some(reason), Some((1, 0, 0))) => Verdict::Skipped(reason),
-            (None, Some((1, 0, 0))) => Verdict::Passed,
-            (_, Some((0, 0, 1))) => Verdict::Skipped("#[ignore]".into()),
-            (_, r) => Verdict::Failed(format!(
-                "exit status 0, but libtest reported {}",
-                match r {
-                    Some((p, f, i)) => format!("{p} passed, {f} failed, {i} ignored"),
-                    None => "no result".into(),
-                }
-            )),
-        },
-        Some(124) => Verdict::Failed("timed out (killed by `timeout`)".into()),
-        Some(c) if c > 128 => Verdict::Failed(format!("killed by signal {}", c - 128)),
-        Some(c) => Verdict::Failed(format!("exit status {c}")),
-        None => Verdict::Failed("no exit status".into()),
+        0 => "exited 0 without reporting it".into(),
+        124 => "timed out (killed by `timeout`)".into(),
+        c if c > 128 => format!("was killed by signal {} (crash or abort)", c - 128),
+        c => format!("exited with {c}"),
     }
 }
 
@@ -346,40 +322,46 @@ mod tests {
     }
 
     #[test]
-    fn device_protocol_per_test() {
+    fn device_protocol_per_binary() {
         let mut log = DeviceLog::default();
         for l in [
-            "@@evchan-test-begin device_cm a",
-            "running 1 test",
-            "test a ... skipping a: EVCHAN_REQUIRE_DEVICE unset",
+            "@@evchan-test-begin core/device_cm",
+            "running 3 tests",
+            "test a ... skipping a: no device",
             "ok",
-            "test result: ok. 1 passed; 0 failed; 0 ignored; 0 measured; 9 filtered out",
-            "@@evchan-test-end device_cm a 0",
-            "@@evchan-test-begin device_cm b",
-            "test result: ok. 1 passed; 0 failed; 0 ignored; 0 measured; 9 filtered out",
-            "@@evchan-test-end device_cm b 0",
-            "@@evchan-test-begin device_cm c",
-            "@@evchan-test-end device_cm c 134",
-            "@@evchan-test-begin device_cm d",
-            "test result: ok. 0 passed; 0 failed; 0 ignored; 0 measured; 10 filtered out",
-            "@@evchan-test-end device_cm d 0",
-            "@@evchan-test-begin device_cm e",
+            "test b ... some output of b",
+            "more output",
+            "ok",
+            "test c ... FAILED",
+            "test result: FAILED. 2 passed; 1 failed; 0 ignored; 0 measured; 0 filtered out",
+            "@@evchan-test-end core/device_cm 101",
+            "@@evchan-test-begin core/device_crash",
+            "running 2 tests",
+            "test x ... ok",
+            "test y ... ",
+            "@@evchan-test-end core/device_crash 134",
+            "@@evchan-test-begin core/device_hang",
+            "running 1 test",
         ] {
             log.add_line(l);
         }
-        let get = |t: &str| {
-            log.ended
-                .get(&("device_cm".to_owned(), t.to_owned()))
-                .cloned()
-        };
-        assert_eq!(
-            get("a"),
-            Some(Verdict::Skipped("EVCHAN_REQUIRE_DEVICE unset".into()))
+        let names = |v: &[&str]| v.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
+        let v = log.verdicts("core/device_cm", &names(&["a", "b", "c"]), "");
+        assert_eq!(v[0].1, Verdict::Skipped("no device".into()));
+        assert_eq!(v[1].1, Verdict::Passed);
+        assert!(matches!(v[2].1, Verdict::Failed(_)));
+        let v = log.verdicts("core/device_crash", &names(&["x", "y"]), "");
+        assert_eq!(v[0].1, Verdict::Passed);
+        assert!(
+            matches!(&v[1].1, Verdict::Failed(w) if w.contains("signal 6")),
+            "{v:?}"
         );
-        assert_eq!(get("b"), Some(Verdict::Passed));
-        assert_eq!(get("c"), Some(Verdict::Failed("killed by signal 6".into())));
-        assert!(matches!(get("d"), Some(Verdict::Failed(_))));
-        assert_eq!(get("e"), None, "never ended: lost");
+        let v = log.verdicts("core/device_hang", &names(&["h"]), "the job timed out");
+        assert!(
+            matches!(&v[0].1, Verdict::Failed(w) if w.contains("never ended: the job timed out"))
+        );
+        let v = log.verdicts("core/device_never", &names(&["n"]), "VM died");
+        assert!(matches!(&v[0].1, Verdict::Failed(w) if w.contains("never started")));
     }
 
     #[test]

@@ -10,12 +10,14 @@
 //! - Native (`cargo test --workspace`): libtest's `test NAME ... RESULT` lines of every binary
 //!   and doc-test run; `ignored` is skipped; a binary that ends before its `test result:` line
 //!   fails the tests it announced (`running N tests`) and never reported.
-//! - Device tests: every `tests/device_*.rs` of every workspace package. Each test runs alone
-//!   (`BIN --exact NAME --nocapture`), so a crash, an abort or a timeout fails that test only,
-//!   and the list of tests comes from `BIN --list` on the host: a test that never reported
-//!   (the VM died, the job timed out) is named as failed. They count once, where a device is
-//!   (the VM, or this host's ACTIVE port); natively they are only checked: each must skip
-//!   without `EVCHAN_REQUIRE_DEVICE`, and fail with `EVCHAN_REQUIRE_DEVICE=1`.
+//! - Device tests: every `tests/device_*.rs` of every workspace package, run binary by binary
+//!   (`--nocapture --test-threads=1`, one test at a time) between markers. The list of tests
+//!   comes from `BIN --list` on the host: a test that never reported is failed by name, with
+//!   how its binary ended (crashed, aborted, timed out, or the VM run ended first). They count
+//!   once, where a device is (the VM, or this host's ACTIVE port); natively they are only
+//!   checked: each must skip without `EVCHAN_REQUIRE_DEVICE`, and fail with
+//!   `EVCHAN_REQUIRE_DEVICE=1`. Between binaries the VM puts back rxe0 and dummy0, so no binary
+//!   depends on the order of the others.
 //!
 //! # The skip convention, for any crate's device tests
 //!
@@ -26,8 +28,8 @@
 //! ```
 //!
 //! with `<test>` libtest's name of the test (`std::thread::current().name()`), and returns;
-//! under `EVCHAN_REQUIRE_DEVICE=1` it panics instead. `eprintln!` is fine: the runner runs each
-//! device test with `--nocapture`. A test that returns without that line passed; one whose line
+//! under `EVCHAN_REQUIRE_DEVICE=1` it panics instead. `eprintln!` is fine: the runner runs the
+//! device binaries with `--nocapture`. A test that returns without that line passed; one whose line
 //! names it was skipped. `crates/evchan-core/tests/support/mod.rs` (`require_device!`) is the
 //! reference; a crate copies it.
 
@@ -340,11 +342,11 @@ fn run_merged(mut cmd: Command, on_line: &mut dyn FnMut(&str)) -> Result<bool> {
     Ok(child.wait().map_err(|e| e.to_string())?.success())
 }
 
-/// The shell script that runs every listed device test alone, between markers (see
-/// [`libtest::DeviceLog`]). In the VM (`reset`), before each test it puts back what a test may
-/// have changed for the others (rxe0 deleted, dummy0 down), saying so, so that no test depends
-/// on the order of the binaries; at the end it lists what `rdma resource show` still has of
-/// any process.
+/// The shell script that runs every device test binary, one test at a time, between markers
+/// (see [`libtest::DeviceLog`]). In the VM (`reset`), after each binary it puts back what a
+/// test may have changed for the others (rxe0 deleted, dummy0 down), saying so, so that no
+/// binary depends on the order of the binaries; at the end it lists what `rdma resource show`
+/// still has of any process.
 fn device_script(bins: &[DeviceBin], reset: bool) -> String {
     let mut s = String::from(
         r#"status=0
@@ -370,26 +372,23 @@ say() { echo "evchan-test: $*"; }
     }
     s.push_str(
         r#"run() {
-    echo "@@evchan-test-begin $1 $2"
-    timeout 900 "$3" --exact "$2" --nocapture --test-threads=1 2>&1
+    echo "@@evchan-test-begin $1"
+    timeout 900 "$2" --nocapture --test-threads=1 2>&1
     rc=$?
-    echo "@@evchan-test-end $1 $2 $rc"
+    echo "@@evchan-test-end $1 $rc"
     [ $rc -eq 0 ] || status=1
 "#,
     );
     if reset {
-        s.push_str("    ensure_rdma \"$2\"\n");
+        s.push_str("    ensure_rdma \"$1\"\n");
     }
     s.push_str("}\n");
     for b in bins {
-        for test in &b.tests {
-            let _ = writeln!(
-                s,
-                "run {} {}",
-                vm::shell_join(&[b.label.clone(), test.clone()]),
-                vm::shell_join(&[b.exe.display().to_string()])
-            );
-        }
+        let _ = writeln!(
+            s,
+            "run {}",
+            vm::shell_join(&[b.label.clone(), b.exe.display().to_string()])
+        );
     }
     if reset {
         s.push_str(
@@ -407,8 +406,8 @@ rdma resource show
     s
 }
 
-/// Without a device: each device test, run alone, must skip (a `skipping` line, exit 0), and
-/// must fail under `EVCHAN_REQUIRE_DEVICE=1` — per test, not per binary. A check, not counted
+/// Without a device: each device test must skip (its `skipping` line, `ok`), and must fail
+/// under `EVCHAN_REQUIRE_DEVICE=1` — per test, not per binary. A check, not counted
 /// as the tests themselves (they count where a device is).
 fn native_device_checks(t: &mut Tally, bins: &[DeviceBin]) {
     let start = Instant::now();
@@ -428,12 +427,11 @@ fn native_device_checks(t: &mut Tally, bins: &[DeviceBin]) {
             wrong.push(("(the script)".into(), e));
         }
         for b in bins {
-            for test in &b.tests {
-                let key = (b.label.clone(), test.clone());
+            for (test, v) in log.verdicts(&b.label, &b.tests, "the script ended") {
                 let name = format!("{} {test}", b.label);
-                match (require, log.ended.get(&key)) {
-                    (false, Some(Verdict::Skipped(_))) => skipped += 1,
-                    (true, Some(Verdict::Failed(_))) => {}
+                match (require, v) {
+                    (false, Verdict::Skipped(_)) => skipped += 1,
+                    (true, Verdict::Failed(_)) => {}
                     (false, v) => {
                         wrong.push((name, format!("did not skip without a device: {v:?}")))
                     }
@@ -463,8 +461,9 @@ fn native_device_checks(t: &mut Tally, bins: &[DeviceBin]) {
     );
 }
 
-/// Runs every device test with EVCHAN_REQUIRE_DEVICE=1, each alone, in one VM boot (or
-/// natively), and counts each one listed: a test that never reported fails by name.
+/// Runs every device test with EVCHAN_REQUIRE_DEVICE=1 in one VM boot (or natively), and
+/// counts each one listed: a test that never reported fails by name, saying how its binary
+/// ended (crashed, aborted, timed out, or the VM run ended first).
 fn device_tests(t: &mut Tally, place: Place, bins: &[DeviceBin]) {
     let start = Instant::now();
     let script = device_script(bins, place == Place::Vm);
@@ -512,27 +511,21 @@ fn device_tests(t: &mut Tally, place: Place, bins: &[DeviceBin]) {
         }
     };
     let mut verdicts = Vec::new();
-    let mut per_bin: BTreeMap<&str, (usize, usize)> = BTreeMap::new();
+    let mut lost_by_bin: BTreeMap<&str, (usize, usize)> = BTreeMap::new();
+    let end = end.unwrap_or_else(|| "no end marker".into());
     for b in bins {
-        for test in &b.tests {
-            let v = log
-                .ended
-                .get(&(b.label.clone(), test.clone()))
-                .cloned()
-                .unwrap_or_else(|| {
-                    per_bin.entry(&b.label).or_default().0 += 1;
-                    Verdict::Failed(format!(
-                        "never reported: the run ended before it ({})",
-                        end.as_deref().unwrap_or("no end marker")
-                    ))
-                });
-            per_bin.entry(&b.label).or_default().1 += 1;
+        for (test, v) in log.verdicts(&b.label, &b.tests, &end) {
+            let entry = lost_by_bin.entry(&b.label).or_default();
+            entry.1 += 1;
+            if matches!(&v, Verdict::Failed(w) if w.starts_with("never reported")) {
+                entry.0 += 1;
+            }
             verdicts.push((format!("{} {test}", b.label), v));
         }
     }
     let expected = verdicts.len() as u64;
     t.tests(name, &verdicts, expected, start.elapsed());
-    for (bin, (lost, of)) in per_bin.into_iter().filter(|(_, (l, _))| *l > 0) {
+    for (bin, (lost, of)) in lost_by_bin.into_iter().filter(|(_, (l, _))| *l > 0) {
         t.report.push(format!(
             "        {bin} lost {lost} of its {of} tests (named above)"
         ));
