@@ -49,6 +49,12 @@ mod ffi;
 mod readiness;
 pub mod verbs;
 
+/// Entry points of the fuzz targets (`fuzz/`): the decoding of kernel events from memory a
+/// fuzzer fills. Feature `fuzzing`; not part of the API.
+#[cfg(feature = "fuzzing")]
+#[doc(hidden)]
+pub use ffi::fuzzing;
+
 pub use channel::EventChannel;
 pub use cm::Event as CmEvent;
 pub use cm::Id as CmId;

@@ -1,20 +1,130 @@
-//! Device test: 1,000 connect/accept/disconnect cycles leave the fd count and RSS flat.
+//! Device tests: 1,000 cycles of each kind of object, after a warm-up, leave nothing behind.
+//!
+//! Measured before and after the 1,000 cycles, and bounded so that a leak of 1 KiB per cycle
+//! (1,000 KiB in all) fails:
+//!
+//! - the heap in use (glibc's `mallinfo2`: what librdmacm, libibverbs, the provider and we
+//!   allocated and did not free): at most [`HEAP_SLACK`] (256 KiB) of growth;
+//! - the resident set: at most [`RSS_SLACK`] (768 KiB) of growth;
+//! - open file descriptors and mappings of the uverbs device: exactly as before;
+//! - the kernel's RDMA objects of this process (`rdma resource show`: cm_id, qp, cq, pd, mr,
+//!   ctx): exactly as before.
+//!
+//! Cycles: rdma_cm connections (connect, accept, establish, disconnect); ids with librdmacm's
+//! own QP; ids with a QP on the caller's PD and CQ; the verbs objects (device list, context,
+//! PD, MR, completion channel, CQ, QP).
 
 mod support;
 
 use std::net::SocketAddr;
+use std::process::Command;
 
-use evchan_core::cm::PortSpace;
+use evchan_core::cm::{EventKind, PortSpace};
+use evchan_core::verbs::{CompChannel, Cq, Pd, Qp, QpCaps, QpInit};
 use evchan_core::EventChannel;
+use support::verbs::open_device;
 use support::*;
 
 const CYCLES: usize = 1000;
 const WARM_UP: usize = 50;
-/// RSS may grow this much over the cycles (allocator noise), not per cycle.
-const RSS_SLACK: u64 = 4 << 20;
+/// Heap growth allowed over all the cycles (allocator bookkeeping), not per cycle.
+const HEAP_SLACK: u64 = 256 << 10;
+/// RSS growth allowed over all the cycles.
+const RSS_SLACK: u64 = 768 << 10;
 
-/// One full cycle: resolve, connect, accept, establish, disconnect, destroy.
-fn cycle(sch: &EventChannel, cch: &EventChannel, addr: SocketAddr) {
+/// What a leak would raise.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Usage {
+    heap: u64,
+    rss: u64,
+    fds: usize,
+    uverbs_maps: usize,
+    /// `rdma resource show` lines of this process, per kind; `None` without the `rdma` tool.
+    rdma: Option<Vec<(&'static str, usize)>>,
+}
+
+fn heap_in_use() -> u64 {
+    // SAFETY: mallinfo2 takes nothing and returns a plain struct.
+    let m = unsafe { libc::mallinfo2() };
+    (m.uordblks + m.hblkhd) as u64
+}
+
+fn uverbs_maps() -> usize {
+    std::fs::read_to_string("/proc/self/maps")
+        .unwrap()
+        .lines()
+        .filter(|l| l.contains("uverbs"))
+        .count()
+}
+
+fn rdma_objects() -> Option<Vec<(&'static str, usize)>> {
+    // The kernel reports the id of the creating *thread* (the test's, not the process's).
+    let tids: Vec<String> = std::fs::read_dir("/proc/self/task")
+        .unwrap()
+        .flatten()
+        .map(|t| format!(" pid {} ", t.file_name().to_string_lossy()))
+        .collect();
+    let ours = |l: &&str| tids.iter().any(|t| l.contains(t.as_str()));
+    let mut out = Vec::new();
+    for kind in ["cm_id", "qp", "cq", "pd", "mr", "ctx"] {
+        let o = Command::new("rdma")
+            .args(["resource", "show", kind])
+            .output()
+            .ok()?;
+        let text = String::from_utf8_lossy(&o.stdout);
+        out.push((kind, text.lines().filter(ours).count()));
+    }
+    Some(out)
+}
+
+fn usage() -> Usage {
+    Usage {
+        heap: heap_in_use(),
+        rss: rss_bytes(),
+        fds: fd_count(),
+        uverbs_maps: uverbs_maps(),
+        rdma: rdma_objects(),
+    }
+}
+
+/// Warms up, measures, runs [`CYCLES`] cycles, measures again and checks the bounds.
+fn check(what: &str, mut cycle: impl FnMut()) {
+    for _ in 0..WARM_UP {
+        cycle();
+    }
+    let before = usage();
+    let start = std::time::Instant::now();
+    for _ in 0..CYCLES {
+        cycle();
+    }
+    let after = usage();
+    eprintln!(
+        "{what}: {CYCLES} cycles in {:?}\n  before {before:?}\n  after  {after:?}",
+        start.elapsed()
+    );
+    assert!(
+        after.heap <= before.heap + HEAP_SLACK,
+        "{what}: the heap grew by {} bytes over {CYCLES} cycles",
+        after.heap.saturating_sub(before.heap)
+    );
+    assert!(
+        after.rss <= before.rss + RSS_SLACK,
+        "{what}: RSS grew by {} bytes over {CYCLES} cycles",
+        after.rss.saturating_sub(before.rss)
+    );
+    assert_eq!(after.fds, before.fds, "{what}: file descriptors leaked");
+    assert_eq!(
+        after.uverbs_maps, before.uverbs_maps,
+        "{what}: uverbs mappings leaked"
+    );
+    assert_eq!(
+        after.rdma, before.rdma,
+        "{what}: kernel RDMA objects leaked"
+    );
+}
+
+/// One full connection: resolve, connect, accept, establish, disconnect, destroy.
+fn connection(sch: &EventChannel, cch: &EventChannel, addr: SocketAddr) {
     let (server, client) = connected_pair(sch, cch, addr, b"cycle", b"");
     let (server, client) = disconnect_pair(sch, cch, server, client);
     drop(client);
@@ -27,23 +137,65 @@ fn connect_accept_disconnect_cycles_do_not_leak() {
     let addr = v4(port(1));
     let (sch, cch) = channels();
     let _listening = listener(&sch, PortSpace::Tcp, addr);
-    for _ in 0..WARM_UP {
-        cycle(&sch, &cch, addr);
+    // The measure sees what lives: the listener is one cm_id of ours.
+    if let Some(objects) = rdma_objects() {
+        assert!(objects.contains(&("cm_id", 1)), "{objects:?}");
     }
-    let (fds, rss) = (fd_count(), rss_bytes());
-    let start = std::time::Instant::now();
-    for _ in 0..CYCLES {
-        cycle(&sch, &cch, addr);
-    }
-    let (fds_after, rss_after) = (fd_count(), rss_bytes());
-    eprintln!(
-        "{CYCLES} cycles in {:?}: fds {fds} -> {fds_after}, RSS {rss} -> {rss_after} bytes",
-        start.elapsed()
-    );
-    assert_eq!(fds_after, fds, "file descriptors leaked");
-    assert!(
-        rss_after <= rss + RSS_SLACK,
-        "RSS grew by {} bytes over {CYCLES} cycles",
-        rss_after.saturating_sub(rss)
+    check("connections", || connection(&sch, &cch, addr));
+}
+
+#[test]
+fn cm_id_cycles_with_librdmacm_qp_do_not_leak() {
+    require_device!();
+    let ch = EventChannel::new().unwrap();
+    check("ids with librdmacm's QP", || {
+        let mut id = routed(&ch, PortSpace::Tcp, v4(port(2)));
+        id.create_qp(&QpInit::new()).unwrap();
+        assert!(id.qp_num().is_some());
+        drop(id);
+    });
+}
+
+#[test]
+fn cm_id_cycles_on_callers_pd_and_cq_do_not_leak() {
+    require_device!();
+    let ch = EventChannel::new().unwrap();
+    check("ids with a QP on the caller's PD and CQ", || {
+        let id = resolved(&ch, PortSpace::Tcp, v4(port(3)));
+        let ctx = id.context().unwrap();
+        let pd = Pd::new(&ctx).unwrap();
+        let comp = CompChannel::new(&ctx).unwrap();
+        let cq = Cq::new(&comp, 16).unwrap();
+        let id = id.resolve_route(RESOLVE_TIMEOUT).unwrap();
+        let ev = expect_event(&ch, EventKind::RouteResolved);
+        // Bound after the objects it borrows, so dropped before them.
+        let mut id = id.route_resolved(&ev).unwrap();
+        ev.ack();
+        id.create_qp_with(&pd, &cq, &cq, &QpInit::new()).unwrap();
+        assert!(id.qp_num().is_some());
+        drop(id);
+    });
+}
+
+#[test]
+fn verbs_object_cycles_do_not_leak() {
+    require_device!();
+    check(
+        "device list, context, PD, MR, completion channel, CQ, QP",
+        || {
+            let ctx = open_device();
+            let pd = Pd::new(&ctx).unwrap();
+            let mr = pd.reg_mr(vec![0u8; 4096]).unwrap();
+            let comp = CompChannel::new(&ctx).unwrap();
+            let cq = Cq::new(&comp, 16).unwrap();
+            let qp = Qp::new_rc(&pd, &cq, &cq, QpCaps::default()).unwrap();
+            assert_ne!(qp.qp_num(), 0);
+            drop(qp);
+            drop(cq);
+            drop(comp);
+            drop(mr);
+            drop(pd);
+            drop(ctx);
+        },
     );
 }

@@ -1,5 +1,8 @@
 //! Runs natively: on a machine without RDMA devices, creating a channel fails with the
-//! `NoDevice` error that says how to get one; on one with a device, it succeeds.
+//! `NoDevice` error that says how to get one; on one with a device, it succeeds. And the
+//! interop tests' reason for a missing tool names its Debian package.
+
+mod support;
 
 use std::path::Path;
 
@@ -36,4 +39,14 @@ fn create_event_channel_reports_no_device_or_succeeds() {
         let io: std::io::Error = err.into();
         assert_eq!(io.kind(), std::io::ErrorKind::NotFound);
     }
+}
+
+/// A missing rdma-core tool is reported with the Debian package that has it (the interop
+/// tests' skip reason). Here, not in `device_interop.rs`: device binaries hold device tests only.
+#[test]
+fn a_missing_tool_names_its_debian_package() {
+    let err = support::tool::find("no-such-rdma-tool", "rdmacm-utils").unwrap_err();
+    assert!(err.contains("`no-such-rdma-tool`"), "{err}");
+    assert!(err.contains("apt-get install rdmacm-utils"), "{err}");
+    assert!(support::tool::find("sh", "dash").is_ok());
 }

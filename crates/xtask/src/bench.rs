@@ -43,7 +43,10 @@ pub fn run(args: &[String]) -> Result<i32> {
         None => (args, &[][..]),
     };
     let place = place(ours, "bench")?;
-    let benches = executables(&["bench", "--workspace", "--benches"], "bench", "")?;
+    let benches: Vec<_> = executables(&["bench", "--workspace", "--benches"], "bench", "")?
+        .into_iter()
+        .map(|(name, exe, _)| (name, exe))
+        .collect();
     if benches.is_empty() {
         return Err("no bench executables found (benches/*.rs)".into());
     }

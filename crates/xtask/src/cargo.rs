@@ -1,4 +1,4 @@
-//! Running cargo, reading libtest's result lines, finding test and bench executables.
+//! Running cargo, finding test and bench executables.
 
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
@@ -11,50 +11,6 @@ pub fn cargo(args: &[&str]) -> Command {
     let mut cmd = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
     cmd.args(args).current_dir(root());
     cmd
-}
-
-/// Counts from libtest's `test result: …` lines.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub struct Counts {
-    pub passed: u64,
-    pub failed: u64,
-    /// How many `test result:` lines were seen (one per test binary or doc-test run).
-    pub runs: u64,
-}
-
-impl Counts {
-    /// Adds one line of libtest output, if it is a result line.
-    pub fn add_line(&mut self, line: &str) {
-        let Some(rest) = line.trim().strip_prefix("test result: ") else {
-            return;
-        };
-        let number_before = |word: &str| {
-            rest.split(';')
-                .find_map(|part| {
-                    part.trim()
-                        .strip_suffix(word)?
-                        .trim()
-                        .rsplit(' ')
-                        .next()?
-                        .parse::<u64>()
-                        .ok()
-                })
-                .unwrap_or(0)
-        };
-        self.passed += number_before(" passed");
-        self.failed += number_before(" failed");
-        self.runs += 1;
-    }
-}
-
-/// Runs `cmd`, echoing its stdout while counting libtest results; returns (success, counts).
-pub fn run_counting(cmd: &mut Command) -> Result<(bool, Counts)> {
-    let mut counts = Counts::default();
-    let ok = run_lines(cmd, &mut |line| {
-        println!("{line}");
-        counts.add_line(line);
-    })?;
-    Ok((ok, counts))
 }
 
 /// Runs `cmd`, handing each line of its stdout to `on_line` as it comes; returns its success.
@@ -72,15 +28,25 @@ pub fn run_lines(cmd: &mut Command, on_line: &mut dyn FnMut(&str)) -> Result<boo
 }
 
 /// Builds the workspace's tests without running them and returns the executables of the test
-/// targets whose name starts with `prefix` (the device tests: `device_`), as (name, path).
+/// targets of every package whose name starts with `prefix` (the device tests: `device_`), as
+/// (label, path); the label is the package's directory and the target, `evchan-core/device_cm`.
 pub fn test_executables(prefix: &str) -> Result<Vec<(String, PathBuf)>> {
-    executables(&["test", "--workspace"], "test", prefix)
+    executables(&["test", "--workspace"], "test", prefix).map(|found| {
+        found
+            .into_iter()
+            .map(|(name, exe, dir)| (format!("{dir}/{name}"), exe))
+            .collect()
+    })
 }
 
 /// Builds with `cargo ARGS --no-run` (e.g. `["bench", "--workspace", "--benches"]`) and returns
 /// the executables of the targets of `kind` (`test`, `bench`) whose name starts with `prefix`,
-/// as (name, path), read from cargo's JSON messages.
-pub fn executables(args: &[&str], kind: &str, prefix: &str) -> Result<Vec<(String, PathBuf)>> {
+/// as (name, path, the directory name of its package), read from cargo's JSON messages.
+pub fn executables(
+    args: &[&str],
+    kind: &str,
+    prefix: &str,
+) -> Result<Vec<(String, PathBuf, String)>> {
     let mut all = args.to_vec();
     all.extend(["--no-run", "--message-format=json-render-diagnostics"]);
     let out = cargo(&all)
@@ -98,8 +64,14 @@ pub fn executables(args: &[&str], kind: &str, prefix: &str) -> Result<Vec<(Strin
         let (Some(name), Some(exe)) = (json_str(line, "name"), json_str(line, "executable")) else {
             continue;
         };
+        let dir = json_str(line, "manifest_path")
+            .and_then(|m| {
+                let m = PathBuf::from(m);
+                Some(m.parent()?.file_name()?.to_str()?.to_owned())
+            })
+            .unwrap_or_default();
         if name.starts_with(prefix) {
-            found.push((name, PathBuf::from(exe)));
+            found.push((name, PathBuf::from(exe), dir));
         }
     }
     found.sort();
@@ -130,25 +102,6 @@ fn json_str(line: &str, key: &str) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn counts_libtest_lines() {
-        let mut c = Counts::default();
-        c.add_line("test result: ok. 7 passed; 0 failed; 0 ignored; 0 measured; 0 filtered out; finished in 0.03s");
-        c.add_line(
-            "test result: FAILED. 3 passed; 2 failed; 1 ignored; 0 measured; 0 filtered out",
-        );
-        c.add_line("running 5 tests");
-        c.add_line("[single] test result: nope");
-        assert_eq!(
-            c,
-            Counts {
-                passed: 10,
-                failed: 2,
-                runs: 2
-            }
-        );
-    }
 
     #[test]
     fn reads_compiler_artifact_json() {

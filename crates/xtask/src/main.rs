@@ -5,9 +5,12 @@
 //! - `test`: the whole ladder: formatting, lints, native tests, device tests in the VM.
 //! - `bench`: the criterion benchmarks on a device (the VM), as ratios against raw FFI.
 //! - `demo`: a smoke program through the layers, in the VM (or natively on an RDMA host).
+//! - `fuzz`: the cargo-fuzz targets of `fuzz/`, with the address sanitizer.
 
 mod bench;
 mod cargo;
+mod fuzz;
+mod libtest;
 mod setup;
 mod test;
 mod vm;
@@ -20,7 +23,8 @@ usage: cargo xtask <task> [options]
 
 tasks:
   setup                 install missing Debian packages (as root; otherwise print the apt-get
-                        line) and fetch + unpack the VM kernel into target/evchan-vm/
+                        line), fetch + unpack the VM kernel into target/evchan-vm/, and
+                        `cargo install` cargo-fuzz and cargo-deny when missing
   vm [OPTS] -- CMD...   run CMD inside a soft-RoCE VM on the host's filesystem and exit with its
                         status. rxe0 sits on dummy0 with 169.254.77.1 and fe80::ff:fe00:1%dummy0;
                         EVCHAN_SELF and EVCHAN_SELF6 hold them.
@@ -36,12 +40,17 @@ tasks:
                         (EVCHAN_VM_SMP=N sets the vCPUs per guest: 2 alone, 1 each of two)
   test [--vm]           fmt, clippy, docs, native tests, then the device tests in the VM with
                         EVCHAN_REQUIRE_DEVICE=1 (natively instead when this host has an ACTIVE
-                        RDMA port, unless --vm); ends with `N passed, N failed`
+                        RDMA port, unless --vm), cargo deny, the fuzz targets briefly; ends
+                        with `N passed, N failed, N skipped`, each test counted once
   bench [--vm] [-- ARGS] build benches/ (bench profile) and run them in the VM (natively on an
                         ACTIVE RDMA port, unless --vm) with short criterion settings; ARGS go to
                         criterion (e.g. a filter). Prints each benchmark's evchan and raw-FFI
                         times from the same run and their ratio (under TCG only ratios count)
   demo [--vm]           build examples/demo.rs and run it against a device (the VM by default)
+  fuzz [--seconds N] [TARGET...]
+                        every fuzz target (or those named: cm_event, work_completion,
+                        async_event) with the address sanitizer: its committed seeds and
+                        regressions, then N s of fuzzing each (default 60)
 ";
 
 fn main() -> ExitCode {
@@ -56,6 +65,7 @@ fn main() -> ExitCode {
         "test" => test::run(rest),
         "bench" => bench::run(rest),
         "demo" => test::demo(rest),
+        "fuzz" => fuzz::run(rest),
         "-h" | "--help" | "help" => {
             print!("{USAGE}");
             Ok(0)

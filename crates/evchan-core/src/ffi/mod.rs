@@ -33,6 +33,8 @@
 
 pub(crate) mod addr;
 pub(crate) mod cm;
+#[cfg(feature = "fuzzing")]
+pub mod fuzzing;
 #[cfg(feature = "tokio")]
 pub(crate) mod tokio_fd;
 pub(crate) mod verbs;

@@ -1,6 +1,7 @@
 //! Async device events.
 
 use std::fmt;
+use std::marker::PhantomData;
 use std::time::Duration;
 
 use evchan_sys::fd::{deadline_after, poll_readable, time_left};
@@ -46,10 +47,17 @@ use super::{Context, CqId, Error, Result};
 #[must_use = "an async event reports a change of the device"]
 pub struct AsyncEvent<'ctx> {
     raw: ffi::RawAsyncEvent,
-    _ctx: &'ctx Context,
+    _ctx: PhantomData<&'ctx Context>,
 }
 
 impl AsyncEvent<'_> {
+    pub(crate) fn new(raw: ffi::RawAsyncEvent) -> Self {
+        Self {
+            raw,
+            _ctx: PhantomData,
+        }
+    }
+
     /// What happened (`event_type`).
     #[must_use]
     pub fn kind(&self) -> AsyncEventKind {
@@ -191,7 +199,7 @@ impl Context {
             .raw
             .get_async_event()
             .map_err(Error::io("ibv_get_async_event"))?
-            .map(|raw| AsyncEvent { raw, _ctx: self }))
+            .map(AsyncEvent::new))
     }
 
     /// `ibv_get_async_event`, blocking until an event arrives. `EINTR` is retried.

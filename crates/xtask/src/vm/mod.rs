@@ -279,8 +279,13 @@ pub fn run(job: &Job, out: &mut dyn FnMut(&str)) -> Result<Outcome> {
             }
             Err(mpsc::RecvTimeoutError::Timeout) => {
                 let booting = vms.iter().any(|v| v.began.is_none());
-                timed_out = Some(if Instant::now() >= deadline {
+                timed_out = Some(if Instant::now() >= deadline && !booting {
                     format!("the job did not finish within {} s", job.timeout.as_secs())
+                } else if Instant::now() >= deadline {
+                    format!(
+                        "a guest did not reach its job within the job's {} s",
+                        job.timeout.as_secs()
+                    )
                 } else if booting {
                     format!(
                         "a guest did not reach its job within {} s of boot",
@@ -485,6 +490,13 @@ fn fresh_share() -> Result<PathBuf> {
     ))
 }
 
+/// The caller's variables that pass into the guest by themselves: `EVCHAN_*` and `RUST_*`.
+pub fn passed_env() -> Vec<(String, String)> {
+    std::env::vars()
+        .filter(|(k, _)| k.starts_with("EVCHAN_") || k.starts_with("RUST_"))
+        .collect()
+}
+
 /// The job scripts, its environment and working directory, and the scratch mounts.
 fn write_share(share: &Path, job: &Job) -> Result<()> {
     let write = |name: &str, text: &str| {
@@ -494,9 +506,14 @@ fn write_share(share: &Path, job: &Job) -> Result<()> {
     let cwd = std::env::current_dir().map_err(|e| e.to_string())?;
     write("cwd", &cwd.display().to_string())?;
     let mut env = String::new();
-    let inherited =
-        std::env::vars().filter(|(k, _)| k.starts_with("EVCHAN_") || k.starts_with("RUST_"));
-    for (k, v) in inherited.chain(job.env.iter().cloned()) {
+    let inherited = passed_env();
+    for (k, v) in &inherited {
+        // Never silently: a knob such as EVCHAN_COMPLETIONS changes what a test does.
+        if !job.env.iter().any(|(jk, _)| jk == k) {
+            eprintln!("evchan-vm: passing {k}={v} into the guest (from this environment)");
+        }
+    }
+    for (k, v) in inherited.into_iter().chain(job.env.iter().cloned()) {
         if k.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_') {
             let _ = writeln!(env, "export {k}={}", shell_join(&[v]));
         }

@@ -55,9 +55,8 @@ impl<'ch> RawEvent<'ch> {
         if let Some(rec) = &counted {
             rec.add_pending();
         }
-        let ud = !ev.id.is_null()
-            // SAFETY: the id is live while this event is unacked.
-            && unsafe { (*ev.id).qp_type } == sys::ibv_qp_type::IBV_QPT_UD;
+        // SAFETY: the id is live while this event is unacked.
+        let ud = unsafe { is_ud(ev) };
         let new_id = if is_request {
             // SAFETY: for a CONNECT_REQUEST, `id` is the new id librdmacm created for the
             // request on the listener's channel (`'ch`, gated by `gate`), ours alone, with no
@@ -70,6 +69,31 @@ impl<'ch> RawEvent<'ch> {
             ptr,
             counted,
             new_id,
+            ud,
+            _ch: PhantomData,
+        }
+    }
+
+    /// An event read as [`adopt`](Self::adopt) reads it, but counted against no id and
+    /// handing over no new id: the decoding alone, for the fuzz targets (feature `fuzzing`).
+    ///
+    /// # Safety
+    ///
+    /// `ptr` is an event laid out as librdmacm hands them over: `id` (and `listen_id`) null or
+    /// a readable `rdma_cm_id`, and for `private_data`, as chosen by the id's `qp_type` and the
+    /// event code, a pointer to at least `private_data_len` readable bytes (or null), all
+    /// unchanged for `'ch`. The result is never dropped (keep it in a `ManuallyDrop`): its
+    /// drop would `rdma_ack_cm_event` an event librdmacm never allocated.
+    #[cfg(feature = "fuzzing")]
+    pub(crate) unsafe fn unaccounted(ptr: NonNull<sys::rdma_cm_event>) -> Self {
+        // SAFETY: a readable event (caller).
+        let ev = unsafe { ptr.as_ref() };
+        // SAFETY: its `id` is null or readable (caller).
+        let ud = unsafe { is_ud(ev) };
+        Self {
+            ptr,
+            counted: None,
+            new_id: None,
             ud,
             _ch: PhantomData,
         }
@@ -187,6 +211,17 @@ impl<'ch> RawEvent<'ch> {
     pub(crate) fn has_new_id(&self) -> bool {
         self.new_id.is_some()
     }
+}
+
+/// Whether the event's parameters are `param.ud` (the event of a UD id: the UDP and IPoIB port
+/// spaces) rather than `param.conn`: librdmacm fills the member by the id's QP type.
+///
+/// # Safety
+///
+/// `ev.id` is null or points to a readable `rdma_cm_id`.
+unsafe fn is_ud(ev: &sys::rdma_cm_event) -> bool {
+    // SAFETY: non-null, so readable (caller).
+    !ev.id.is_null() && unsafe { (*ev.id).qp_type } == sys::ibv_qp_type::IBV_QPT_UD
 }
 
 impl Drop for RawEvent<'_> {

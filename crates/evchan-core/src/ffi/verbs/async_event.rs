@@ -53,7 +53,11 @@ unsafe impl Send for RawAsyncEvent {}
 unsafe impl Sync for RawAsyncEvent {}
 
 impl RawAsyncEvent {
-    pub(super) fn read(mut ev: MaybeUninit<sys::ibv_async_event>) -> Self {
+    /// Copies what the event names out of it and acks object events at once.
+    ///
+    /// `ev` comes from `ibv_get_async_event`, or (the fuzz targets) is laid out as libibverbs
+    /// fills it: for CQ, QP, SRQ and WQ kinds the element points to a live object of that kind.
+    pub(crate) fn read(mut ev: MaybeUninit<sys::ibv_async_event>) -> Self {
         let base = ev.as_ptr().cast::<u8>();
         let type_at = base
             .wrapping_add(std::mem::offset_of!(sys::ibv_async_event, event_type))

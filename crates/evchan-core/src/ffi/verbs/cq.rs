@@ -154,6 +154,25 @@ pub(crate) struct RawWc {
     pub(crate) wc_flags: u32,
 }
 
+impl RawWc {
+    /// Copies a completion out of libibverbs' `struct ibv_wc`.
+    pub(crate) fn read(wc: &sys::ibv_wc) -> Self {
+        // SAFETY: both members of the union are u32.
+        let imm_or_rkey = unsafe { wc.imm_data_invalidated_rkey_union.imm_data };
+        RawWc {
+            wr_id: wc.wr_id,
+            status: wc.status,
+            opcode: wc.opcode,
+            vendor_err: wc.vendor_err,
+            byte_len: wc.byte_len,
+            imm_or_rkey,
+            qp_num: wc.qp_num,
+            src_qp: wc.src_qp,
+            wc_flags: wc.wc_flags,
+        }
+    }
+}
+
 impl<'ch> Cq<'ch> {
     pub(crate) fn new(ch: &'ch CompChannel<'_>, cqe: c_int) -> io::Result<Self> {
         let token = NEXT_CQ_TOKEN.fetch_add(1, Ordering::Relaxed);
@@ -201,20 +220,7 @@ impl<'ch> Cq<'ch> {
             .map_err(|_| io::Error::from_raw_os_error(got.unsigned_abs() as i32))?;
         for (slot, wc) in out.iter_mut().zip(&wcs[..got.min(n)]) {
             // SAFETY: ibv_poll_cq initialised the first `got` entries.
-            let wc = unsafe { wc.assume_init_ref() };
-            // SAFETY: both members of the union are u32.
-            let imm_or_rkey = unsafe { wc.imm_data_invalidated_rkey_union.imm_data };
-            *slot = RawWc {
-                wr_id: wc.wr_id,
-                status: wc.status,
-                opcode: wc.opcode,
-                vendor_err: wc.vendor_err,
-                byte_len: wc.byte_len,
-                imm_or_rkey,
-                qp_num: wc.qp_num,
-                src_qp: wc.src_qp,
-                wc_flags: wc.wc_flags,
-            };
+            *slot = RawWc::read(unsafe { wc.assume_init_ref() });
         }
         Ok(got.min(n))
     }
