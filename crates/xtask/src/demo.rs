@@ -18,7 +18,7 @@ pub fn run(args: &[String]) -> Result<i32> {
     }
     let mut force_vm = false;
     let mut addr = "169.254.77.1:7471".to_owned();
-    let (mut connections, mut messages, mut size) = (4u32, 500u32, 64u32);
+    let (mut connections, mut messages, mut size) = (4u32, 250u32, 64u32);
     let mut it = args.iter();
     while let Some(a) = it.next() {
         let mut value = || it.next().ok_or(format!("demo: {a} needs a value\n{USAGE}"));

@@ -44,7 +44,7 @@ tasks:
                         criterion (e.g. a filter). Prints each benchmark's evchan and raw-FFI
                         times from the same run and their ratio (under TCG only ratios count)
   demo [--vm] [OPTS]    build examples/echo_server.rs and echo_client.rs and run them against a
-                        device (the VM by default): 4 connections × 500 ping-pongs of 64 bytes;
+                        device (the VM by default): 4 connections × 250 ping-pongs of 64 bytes;
                         prints setup times, round-trip percentiles (p50/p99/p99.9), messages/s
       --addr IP:PORT    the server's address (default 169.254.77.1:7471, the VM's; natively,
                         an address on this host's RDMA port)
