@@ -4,11 +4,13 @@
 //! - `vm`: run a command inside a soft-RoCE VM (one host, or two on a virtual wire).
 //! - `test`: the whole ladder: formatting, lints, native tests, device tests in the VM.
 //! - `bench`: the criterion benchmarks on a device (the VM), as ratios against raw FFI.
-//! - `demo`: a smoke program through the layers, in the VM (or natively on an RDMA host).
+//! - `demo`: the async echo server and client with their figures, in the VM (or natively on an
+//!   RDMA host); `--core` for the core layer's resolve-only smoke run.
 //! - `fuzz`: the cargo-fuzz targets of `fuzz/`, with the address sanitizer.
 
 mod bench;
 mod cargo;
+mod demo;
 mod fuzz;
 mod libtest;
 mod setup;
@@ -46,11 +48,18 @@ tasks:
                         ACTIVE RDMA port, unless --vm) with short criterion settings; ARGS go to
                         criterion (e.g. a filter). Prints each benchmark's evchan and raw-FFI
                         times from the same run and their ratio (under TCG only ratios count)
-  demo [--vm]           build examples/demo.rs and run it against a device (the VM by default)
+  demo [--vm] [OPTS]    build examples/echo_server.rs and echo_client.rs and run them against a
+                        device (the VM by default): 4 connections × 250 ping-pongs of 64 bytes;
+                        prints setup times, round-trip percentiles (p50/p99/p99.9), messages/s
+      --addr IP:PORT    the server's address (default 169.254.77.1:7471, the VM's; natively,
+                        an address on this host's RDMA port)
+      --connections N, --messages M, --size BYTES   the client's load
+  demo --core [--vm]    the core layer alone: examples/demo.rs (create a channel and an id,
+                        resolve the address and the route, print the events)
   fuzz [--seconds N] [TARGET...]
                         every fuzz target (or those named: cm_event, work_completion,
-                        async_event) with the address sanitizer: its committed seeds and
-                        regressions, then N s of fuzzing each (default 60)
+                        async_event, handshake) with the address sanitizer: its committed seeds
+                        and regressions, then N s of fuzzing each (default 60)
 ";
 
 fn main() -> ExitCode {
@@ -64,7 +73,7 @@ fn main() -> ExitCode {
         "vm" => vm::cli(rest),
         "test" => test::run(rest),
         "bench" => bench::run(rest),
-        "demo" => test::demo(rest),
+        "demo" => demo::run(rest),
         "fuzz" => fuzz::run(rest),
         "-h" | "--help" | "help" => {
             print!("{USAGE}");
