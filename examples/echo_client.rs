@@ -3,7 +3,7 @@
 //! connection setup times, the round-trip latency percentiles and the message rate.
 //!
 //! ```text
-//! echo_client [--addr IP:PORT] [--connections N] [--messages M] [--size BYTES]
+//! echo_client [--addr IP:PORT] [--busy-poll-us N] [--connections N] [--messages M] [--size BYTES]
 //! ```
 //!
 //! Defaults: 169.254.77.1:7471 (the soft-RoCE VM's address), 4 connections, 250 messages of
@@ -19,17 +19,19 @@ use hdrhistogram::Histogram;
 
 struct Args {
     addr: SocketAddr,
+    busy_poll_us: Option<u64>,
     connections: usize,
     messages: u64,
     size: usize,
 }
 
 const USAGE: &str =
-    "usage: echo_client [--addr IP:PORT] [--connections N] [--messages M] [--size BYTES]";
+    "usage: echo_client [--addr IP:PORT] [--busy-poll-us N] [--connections N] [--messages M] [--size BYTES]";
 
 fn parse_args() -> Result<Args, String> {
     let mut args = Args {
         addr: SocketAddr::from(([169, 254, 77, 1], 7471)),
+        busy_poll_us: None,
         connections: 4,
         messages: 250,
         size: 64,
@@ -40,6 +42,7 @@ fn parse_args() -> Result<Args, String> {
         let bad = |e: &dyn std::fmt::Display| format!("{flag}: {e}\n{USAGE}");
         match flag.as_str() {
             "--addr" => args.addr = value()?.parse().map_err(|e| bad(&e))?,
+            "--busy-poll-us" => args.busy_poll_us = Some(value()?.parse().map_err(|e| bad(&e))?),
             "--connections" => args.connections = value()?.parse().map_err(|e| bad(&e))?,
             "--messages" => args.messages = value()?.parse().map_err(|e| bad(&e))?,
             "--size" => args.size = value()?.parse().map_err(|e| bad(&e))?,
@@ -75,7 +78,9 @@ async fn main() -> ExitCode {
 
 async fn run(args: &Args) -> Result<(), Error> {
     // Messages above 4 KiB need larger receive slots here, and on the server (--max-message).
-    let config = Config::new().max_message(u32::try_from(args.size.max(4096)).unwrap_or(u32::MAX));
+    let config = Config::new()
+        .max_message(u32::try_from(args.size.max(4096)).unwrap_or(u32::MAX))
+        .busy_poll(args.busy_poll_us.map(std::time::Duration::from_micros));
 
     // Setup: one connection after another, each timed from its connect to its ESTABLISHED.
     let mut conns = Vec::with_capacity(args.connections);

@@ -2,7 +2,7 @@
 //! closes. One task per connection; one line per connection when it ends.
 //!
 //! ```text
-//! echo_server [--addr IP:PORT] [--exit-after N] [--max-message BYTES]
+//! echo_server [--addr IP:PORT] [--busy-poll-us N] [--exit-after N] [--max-message BYTES]
 //! ```
 //!
 //! `--addr` must be an address of an RDMA port (default 169.254.77.1:7471, the soft-RoCE VM's);
@@ -17,15 +17,18 @@ use evchan::{Config, Listener};
 
 struct Args {
     addr: SocketAddr,
+    busy_poll_us: Option<u64>,
     exit_after: Option<u64>,
     max_message: u32,
 }
 
-const USAGE: &str = "usage: echo_server [--addr IP:PORT] [--exit-after N] [--max-message BYTES]";
+const USAGE: &str =
+    "usage: echo_server [--addr IP:PORT] [--busy-poll-us N] [--exit-after N] [--max-message BYTES]";
 
 fn parse_args() -> Result<Args, String> {
     let mut args = Args {
         addr: SocketAddr::from(([169, 254, 77, 1], 7471)),
+        busy_poll_us: None,
         exit_after: None,
         max_message: 4096,
     };
@@ -35,6 +38,7 @@ fn parse_args() -> Result<Args, String> {
         let bad = |e: &dyn std::fmt::Display| format!("{flag}: {e}\n{USAGE}");
         match flag.as_str() {
             "--addr" => args.addr = value()?.parse().map_err(|e| bad(&e))?,
+            "--busy-poll-us" => args.busy_poll_us = Some(value()?.parse().map_err(|e| bad(&e))?),
             "--exit-after" => args.exit_after = Some(value()?.parse().map_err(|e| bad(&e))?),
             "--max-message" => args.max_message = value()?.parse().map_err(|e| bad(&e))?,
             "-h" | "--help" => return Err(USAGE.to_owned()),
@@ -53,7 +57,9 @@ async fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let config = Config::new().max_message(args.max_message);
+    let config = Config::new()
+        .max_message(args.max_message)
+        .busy_poll(args.busy_poll_us.map(std::time::Duration::from_micros));
     let listener = match Listener::bind(args.addr, config).await {
         Ok(l) => l,
         Err(e) => {
