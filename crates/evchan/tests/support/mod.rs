@@ -117,3 +117,48 @@ pub fn init_log() {
             .try_init();
     }
 }
+
+pub mod tool;
+
+/// Threads of evchan's runtime (`evchan-rt`, `evchan-shard-N`) alive in this process.
+pub fn evchan_threads() -> Vec<String> {
+    let Ok(dir) = std::fs::read_dir("/proc/self/task") else {
+        return Vec::new();
+    };
+    dir.filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+        .map(|c| c.trim().to_owned())
+        .filter(|c| c.starts_with("evchan-rt") || c.starts_with("evchan-shard"))
+        .collect()
+}
+
+/// Waits (at most [`STEP`]) until no evchan runtime thread is left: the runtime has shut
+/// down once its last handle is gone.
+#[track_caller]
+pub fn wait_runtime_gone() {
+    let start = std::time::Instant::now();
+    loop {
+        let left = evchan_threads();
+        if left.is_empty() {
+            return;
+        }
+        assert!(
+            start.elapsed() < STEP,
+            "evchan's runtime threads still run {STEP:?} after the last handle went: {left:?}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// What each open file descriptor of this process points to.
+pub fn fd_targets() -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir("/proc/self/fd")
+        .unwrap()
+        .filter_map(|e| {
+            let e = e.ok()?;
+            let t = std::fs::read_link(e.path()).ok()?;
+            Some(format!("{} -> {}", e.file_name().to_string_lossy(), t.display()))
+        })
+        .collect();
+    v.sort();
+    v
+}
