@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use evchan::{Config, Connection, Error, Listener};
-use support::{fd_count, fd_targets, port, rdma_resources, rss_kib, step, v4, wait_runtime_gone};
+use support::{fd_count, fd_targets, port, rss_kib, step, user_rdma_resources, v4, wait_runtime_gone};
 
 const CONNS: u32 = 256;
 const MSGS: u32 = 100;
@@ -156,7 +156,7 @@ fn round(k: u32) -> (Duration, usize) {
             open.load(Ordering::SeqCst),
             2 * CONNS
         );
-        qps = tokio::task::spawn_blocking(|| rdma_resources("qp").len()).await.unwrap();
+        qps = tokio::task::spawn_blocking(|| user_rdma_resources("qp").len()).await.unwrap();
         go_tx.send(true).unwrap();
         let done = tokio::time::timeout(ROUND, async {
             while let Some(r) = clients.join_next().await {
@@ -191,37 +191,41 @@ fn many_connections_three_rounds_without_growth() {
     require_device!();
     wait_runtime_gone();
     eprintln!("before: {} fds, RSS {} KiB", fd_count(), rss_kib());
-    let mut base = None;
-    for k in 1..=3 {
+    let mut after: Vec<(usize, u64, Vec<String>)> = Vec::new();
+    for k in 1..=3u32 {
         let (took, qps) = round(k);
         // Each connection has a QP on both sides, all in this process.
         assert_eq!(qps, 2 * CONNS as usize, "round {k}: QPs listed with all connections open");
-        let (fds, rss) = match base {
+        let fds = match after.first() {
+            // Let anything that closes late close before the baseline is taken.
             None => {
-                // Let anything that closes late close before the baseline is taken.
                 std::thread::sleep(Duration::from_millis(500));
-                (fd_count(), rss_kib())
+                fd_count()
             }
-            Some((fds, _, _)) => (fds_settle_to(fds).unwrap_or_else(fd_count), rss_kib()),
+            Some((fds1, _, _)) => fds_settle_to(*fds1).unwrap_or_else(fd_count),
         };
+        let rss = rss_kib();
         eprintln!(
             "round {k}: {CONNS} connections x {MSGS} messages each way in {took:.1?}; \
              after shutdown {fds} fds, RSS {rss} KiB"
         );
-        match &base {
-            None => base = Some((fds, rss, fd_targets())),
-            Some((fds1, rss1, targets1)) => {
-                let targets = fd_targets();
-                assert_eq!(
-                    fds, *fds1,
-                    "round {k}: {fds} fds after shutdown, {fds1} after round 1\nnow: {targets:#?}\nround 1: {targets1:#?}"
-                );
-                assert!(
-                    rss <= rss1 + RSS_TOLERANCE_KIB,
-                    "round {k}: RSS {rss} KiB, round 1 {rss1} KiB: grew more than {RSS_TOLERANCE_KIB} KiB"
-                );
-            }
-        }
+        after.push((fds, rss, fd_targets()));
+    }
+    // All three rounds are measured first, then judged.
+    let (fds1, rss1, targets1) = &after[0];
+    for (k, (fds, rss, targets)) in after.iter().enumerate().skip(1) {
+        let k = k + 1;
+        assert_eq!(
+            fds, fds1,
+            "round {k}: {fds} fds after shutdown, {fds1} after round 1\nnow: {targets:#?}\nround 1: {targets1:#?}"
+        );
+        assert!(
+            *rss <= rss1 + RSS_TOLERANCE_KIB,
+            "round {k}: RSS {rss} KiB, round 1 {rss1} KiB: grew {} KiB, more than {RSS_TOLERANCE_KIB} KiB \
+             (all rounds: {:?})",
+            rss - rss1,
+            after.iter().map(|a| a.1).collect::<Vec<_>>()
+        );
     }
 }
 
@@ -232,7 +236,7 @@ fn assert_no_rdma_resources(what: &str) {
     loop {
         let left: Vec<(&str, Vec<String>)> = KINDS
             .iter()
-            .map(|k| (*k, rdma_resources(k)))
+            .map(|k| (*k, user_rdma_resources(k)))
             .filter(|(_, l)| !l.is_empty())
             .collect();
         if left.is_empty() {
@@ -248,7 +252,7 @@ fn assert_no_rdma_resources(what: &str) {
 
 /// What `rdma resource show` lists of this process now, kind by kind (counts).
 async fn listed() -> Vec<(&'static str, usize)> {
-    tokio::task::spawn_blocking(|| KINDS.iter().map(|k| (*k, rdma_resources(k).len())).collect())
+    tokio::task::spawn_blocking(|| KINDS.iter().map(|k| (*k, user_rdma_resources(k).len())).collect())
         .await
         .unwrap()
 }

@@ -162,3 +162,24 @@ pub fn fd_targets() -> Vec<String> {
     v.sort();
     v
 }
+
+/// Lines of `rdma resource show <kind>` owned by user space (every entry but the kernel's own,
+/// whose `comm` is bracketed, like `[ib_core]`).
+///
+/// [`rdma_resources`] cannot see evchan's resources: the kernel records the *thread* that
+/// created a resource (`task_pid_vnr`), and evchan creates its ids, QPs, CQs, MRs and PDs on
+/// its runtime threads, whose ids are not the process id (and read 0 once they have exited).
+/// In the VM this test process is the only user of the device, so every user-space entry is
+/// ours.
+pub fn user_rdma_resources(kind: &str) -> Vec<String> {
+    let out = std::process::Command::new("rdma")
+        .args(["resource", "show", kind])
+        .output()
+        .expect("the rdma tool (iproute2)");
+    assert!(out.status.success(), "rdma resource show {kind}: {out:?}");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| !l.trim().is_empty() && !l.contains("comm ["))
+        .map(str::to_owned)
+        .collect()
+}
