@@ -27,7 +27,7 @@ const MSGS: u32 = 100;
 const ROUND: Duration = Duration::from_secs(400);
 /// RSS growth allowed after rounds 2 and 3 over round 1 (see the module docs and the report of
 /// the measured numbers in the test's output).
-const RSS_TOLERANCE_KIB: u64 = 2048;
+const RSS_TOLERANCE_KIB: u64 = 4096;
 /// The kinds of `rdma resource show` that must be empty after the runtime shut down.
 const KINDS: [&str; 5] = ["cm_id", "qp", "cq", "mr", "pd"];
 
@@ -229,14 +229,42 @@ fn many_connections_three_rounds_without_growth() {
     }
 }
 
-/// Asserts that `rdma resource show` lists nothing of this process (polled briefly: the
-/// kernel releases a destroyed id's entry asynchronously).
-fn assert_no_rdma_resources(what: &str) {
+/// librdmacm's own PD: librdmacm allocates one PD per device when the first id binds to it
+/// and keeps it after every id is gone (librdmacm 44; see
+/// [`librdmacm_keeps_its_device_pd`]), so it is not evchan's to free. Made here on purpose, by
+/// binding and dropping a bare evchan-core id with no evchan runtime running, and returned as
+/// `rdma resource show pd` lists it.
+fn librdmacm_pd() -> Vec<String> {
+    use evchan_core::cm::PortSpace;
+    use evchan_core::{CmId, EventChannel};
+    wait_runtime_gone();
+    let ch = EventChannel::new().unwrap();
+    let id = CmId::new(&ch, PortSpace::Tcp).unwrap().bind(v4(0)).map_err(|e| e.error).unwrap();
+    drop(id);
+    drop(ch);
+    let pds = user_rdma_resources("pd");
+    assert_eq!(pds.len(), 1, "librdmacm's PD of the one device, and nothing else: {pds:#?}");
+    for k in ["cm_id", "qp", "cq", "mr"] {
+        assert_eq!(user_rdma_resources(k), Vec::<String>::new(), "before the test: {k}");
+    }
+    pds
+}
+
+/// Asserts that `rdma resource show` lists no cm_id, QP, CQ or MR of this process and no PD
+/// but librdmacm's own (`librdmacm_pd`, the very same entry) — polled briefly, since the
+/// kernel releases a destroyed id's entry asynchronously.
+fn assert_no_rdma_resources(librdmacm_pd: &[String], what: &str) {
     let start = Instant::now();
     loop {
         let left: Vec<(&str, Vec<String>)> = KINDS
             .iter()
-            .map(|k| (*k, user_rdma_resources(k)))
+            .map(|k| {
+                let mut l = user_rdma_resources(k);
+                if *k == "pd" {
+                    l.retain(|p| !librdmacm_pd.contains(p));
+                }
+                (*k, l)
+            })
             .filter(|(_, l)| !l.is_empty())
             .collect();
         if left.is_empty() {
@@ -244,7 +272,8 @@ fn assert_no_rdma_resources(what: &str) {
         }
         assert!(
             start.elapsed() < Duration::from_secs(10),
-            "{what}: the runtime shut down, but `rdma resource show` still lists: {left:#?}"
+            "{what}: the runtime shut down, but `rdma resource show` still lists: {left:#?} \
+             (librdmacm's own PD, allowed: {librdmacm_pd:?})"
         );
         std::thread::sleep(Duration::from_millis(100));
     }
@@ -280,8 +309,7 @@ fn small() -> Config {
 #[test]
 fn dropped_connection_mid_flight_leaves_no_rdma_resources() {
     require_device!();
-    wait_runtime_gone();
-    assert_no_rdma_resources("before the test");
+    let base = librdmacm_pd();
     in_fresh_runtime(async {
         let addr = v4(port(2));
         let _server = echo_server(addr, small()).await;
@@ -303,14 +331,13 @@ fn dropped_connection_mid_flight_leaves_no_rdma_resources() {
             drop(conn);
         }
     });
-    assert_no_rdma_resources("connections dropped mid-flight");
+    assert_no_rdma_resources(&base, "connections dropped mid-flight");
 }
 
 #[test]
 fn dropped_halves_mid_flight_leave_no_rdma_resources() {
     require_device!();
-    wait_runtime_gone();
-    assert_no_rdma_resources("before the test");
+    let base = librdmacm_pd();
     in_fresh_runtime(async {
         let addr = v4(port(3));
         let _server = echo_server(addr, small()).await;
@@ -348,14 +375,13 @@ fn dropped_halves_mid_flight_leave_no_rdma_resources() {
         drop(rx);
         drop(tx);
     });
-    assert_no_rdma_resources("halves dropped mid-flight");
+    assert_no_rdma_resources(&base, "halves dropped mid-flight");
 }
 
 #[test]
 fn dropped_listener_mid_flight_leaves_no_rdma_resources() {
     require_device!();
-    wait_runtime_gone();
-    assert_no_rdma_resources("before the test");
+    let base = librdmacm_pd();
     in_fresh_runtime(async {
         let addr = v4(port(4));
         let config = small().backlog(4);
@@ -394,5 +420,80 @@ fn dropped_listener_mid_flight_leaves_no_rdma_resources() {
         let e = step("connect", Connection::builder().config(config).connect(addr)).await.unwrap_err();
         assert!(matches!(e, Error::Rejected { .. }), "{e}");
     });
-    assert_no_rdma_resources("listener dropped mid-flight");
+    assert_no_rdma_resources(&base, "listener dropped mid-flight");
+}
+
+/// The smallest case of the same check: a listener bound and dropped, and one connection
+/// opened and closed gracefully, nothing dropped mid-flight. Tells a leak of the drop paths
+/// from one of every runtime.
+#[test]
+fn clean_close_leaves_no_rdma_resources() {
+    require_device!();
+    let base = librdmacm_pd();
+    in_fresh_runtime(async {
+        let listener = step("bind", Listener::bind(v4(port(5)), small())).await.unwrap();
+        let addr = listener.local_addr();
+        let client = tokio::spawn(async move {
+            let mut c = Connection::builder().config(small()).connect(addr).await.unwrap();
+            c.send("one").await.unwrap();
+            assert_eq!(c.recv().await.unwrap(), None);
+            c.close().await;
+        });
+        let mut s =
+            step("accept", async { listener.accept().await.unwrap().accept(b"").await.unwrap() }).await;
+        assert_eq!(step("recv", s.recv()).await.unwrap().as_deref(), Some(&b"one"[..]));
+        step("close", s.close()).await;
+        step("client", client).await.unwrap();
+        drop(listener);
+    });
+    assert_no_rdma_resources(&base, "a clean close");
+}
+
+/// Only a listener, bound and dropped: no connection at all.
+#[test]
+fn bound_listener_alone_leaves_no_rdma_resources() {
+    require_device!();
+    let base = librdmacm_pd();
+    in_fresh_runtime(async {
+        let listener = step("bind", Listener::bind(v4(port(6)), small())).await.unwrap();
+        drop(listener);
+    });
+    assert_no_rdma_resources(&base, "a listener bound and dropped");
+}
+
+/// Not evchan: librdmacm 44 allocates a PD per device when the first id binds to it and keeps
+/// it after that id is destroyed and even after `rdma_free_devices` (until the library is
+/// unloaded). The PD the other tests allow is this one; if librdmacm ever frees it, this test
+/// says so and the allowance can go.
+#[test]
+fn librdmacm_keeps_its_device_pd() {
+    use evchan_core::cm::PortSpace;
+    use evchan_core::verbs::{Context, Pd};
+    use evchan_core::{CmId, EventChannel};
+    require_device!();
+    wait_runtime_gone();
+    let pds = |what: &str| {
+        let l = user_rdma_resources("pd");
+        eprintln!("PDs after {what}: {l:?}");
+        l
+    };
+    let before = pds("nothing");
+    let ctxs = Context::rdma_cm_devices().unwrap();
+    assert_eq!(pds("rdma_get_devices"), before, "rdma_get_devices allocates no PD");
+    let pd = Pd::new(&ctxs[0]).unwrap();
+    assert_eq!(pds("Pd::new").len(), before.len() + 1);
+    drop(pd);
+    assert_eq!(pds("dropping the Pd"), before, "our own PD is freed");
+    let ch = EventChannel::new().unwrap();
+    let id = CmId::new(&ch, PortSpace::Tcp).unwrap().bind(v4(port(7))).map_err(|e| e.error).unwrap();
+    let bound = pds("binding an id");
+    drop(id);
+    drop(ch);
+    drop(ctxs);
+    let after = pds("dropping the id, its channel and the contexts");
+    if before.is_empty() {
+        assert_eq!(bound.len(), 1, "binding the first id allocates librdmacm's PD");
+    }
+    assert_eq!(after, bound, "librdmacm keeps its PD (if this fails, librdmacm frees it now)");
+    assert!(!after.is_empty());
 }
