@@ -43,17 +43,25 @@ fn assert_clean(out: &Output, name: &str) {
     for bad in ["error", "fail", "UNREACHABLE", "REJECTED"] {
         assert!(!out.stdout.contains(bad), "{name} reported `{bad}`: {out}");
     }
-    assert!(out.stdout.contains(&format!("{name}: end 0")), "{name} did not end with 0: {out}");
+    assert!(
+        out.stdout.contains(&format!("{name}: end 0")),
+        "{name} did not end with 0: {out}"
+    );
 }
 
 /// Our listener serves one unmodified `rdma_client`: accept, receive its 16 bytes, echo them,
 /// then its disconnect ends our receive side with `None`; the client exits 0.
 async fn rdma_client_against_our_listener(addr: SocketAddr) {
     let tool = require_tool!("rdma_client", "rdmacm-utils");
-    let listener = step("bind", Listener::bind(addr, Config::new())).await.unwrap();
+    let listener = step("bind", Listener::bind(addr, Config::new()))
+        .await
+        .unwrap();
     let bound = listener.local_addr();
     assert_eq!(bound, addr);
-    let client = Tool::spawn(&tool, &["-s", &tool_addr(addr), "-p", &addr.port().to_string()]);
+    let client = Tool::spawn(
+        &tool,
+        &["-s", &tool_addr(addr), "-p", &addr.port().to_string()],
+    );
 
     let incoming = step("accept", listener.accept()).await.unwrap();
     // rdma_connect(id, NULL): no private data at all, only RoCE's zero padding.
@@ -62,9 +70,16 @@ async fn rdma_client_against_our_listener(addr: SocketAddr) {
         "rdma_client sent private data {:?}",
         incoming.private_data()
     );
-    assert_eq!(incoming.peer_addr().map(|a| a.ip()), Some(addr.ip()), "same host, same address");
+    assert_eq!(
+        incoming.peer_addr().map(|a| a.ip()),
+        Some(addr.ip()),
+        "same host, same address"
+    );
     let mut conn = step("accept", incoming.accept(b"")).await.unwrap();
-    assert!(!conn.is_evchan_peer(), "rdma_client was taken for an evchan peer");
+    assert!(
+        !conn.is_evchan_peer(),
+        "rdma_client was taken for an evchan peer"
+    );
     assert!(conn.peer_private_data().iter().all(|&b| b == 0));
     // IP and port only: on the passive side of an IPv6 link-local connection the kernel
     // reports the local address with scope id 0 (`[fe80::ff:fe00:1]`, not `%dummy0`), as it
@@ -76,7 +91,11 @@ async fn rdma_client_against_our_listener(addr: SocketAddr) {
         .await
         .expect("receiving rdma_client's message")
         .expect("a message, not the end");
-    assert_eq!(&msg[..], &[0u8; EXAMPLE_MSG][..], "rdma_client's 16 zero bytes");
+    assert_eq!(
+        &msg[..],
+        &[0u8; EXAMPLE_MSG][..],
+        "rdma_client's 16 zero bytes"
+    );
     // Its receive buffer is 16 bytes: echo exactly what came.
     step("echo", conn.send(msg)).await.unwrap();
     // With our reply in, it disconnects: a plain peer's disconnect is its end of stream.
@@ -90,8 +109,13 @@ async fn rdma_client_against_our_listener(addr: SocketAddr) {
         }
     })
     .await;
-    assert!(matches!(e, Error::PeerClosed | Error::ConnectionLost(_)), "{e}");
-    let out = tokio::task::spawn_blocking(move || client.wait(TOOL_DEADLINE)).await.unwrap();
+    assert!(
+        matches!(e, Error::PeerClosed | Error::ConnectionLost(_)),
+        "{e}"
+    );
+    let out = tokio::task::spawn_blocking(move || client.wait(TOOL_DEADLINE))
+        .await
+        .unwrap();
     assert_clean(&out, "rdma_client");
     step("close", conn.close()).await;
 }
@@ -101,7 +125,10 @@ async fn rdma_client_against_our_listener(addr: SocketAddr) {
 /// disconnect ends our receive side with `None`; the server exits 0.
 async fn our_client_against_rdma_server(addr: SocketAddr) {
     let tool = require_tool!("rdma_server", "rdmacm-utils");
-    let mut server = Tool::spawn(&tool, &["-s", &tool_addr(addr), "-p", &addr.port().to_string()]);
+    let mut server = Tool::spawn(
+        &tool,
+        &["-s", &tool_addr(addr), "-p", &addr.port().to_string()],
+    );
     let start = Instant::now();
     let mut conn = loop {
         match step("connect", Connection::connect(addr)).await {
@@ -109,15 +136,25 @@ async fn our_client_against_rdma_server(addr: SocketAddr) {
             // Nobody listens yet.
             Err(Error::Rejected { reason, .. }) if reason.0 == 8 => {
                 server.assert_running();
-                assert!(start.elapsed() < STEP, "rdma_server did not listen within {STEP:?}");
+                assert!(
+                    start.elapsed() < STEP,
+                    "rdma_server did not listen within {STEP:?}"
+                );
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
             Err(e) => panic!("connecting to rdma_server: {e}"),
         }
     };
-    assert!(!conn.is_evchan_peer(), "rdma_server was taken for an evchan peer");
+    assert!(
+        !conn.is_evchan_peer(),
+        "rdma_server was taken for an evchan peer"
+    );
     // rdma_accept(id, NULL): no private data in the reply.
-    assert!(conn.peer_private_data().iter().all(|&b| b == 0), "{:?}", conn.peer_private_data());
+    assert!(
+        conn.peer_private_data().iter().all(|&b| b == 0),
+        "{:?}",
+        conn.peer_private_data()
+    );
     assert_eq!(conn.peer_addr(), Some(addr));
 
     let msg = *b"evchan to server";
@@ -127,11 +164,17 @@ async fn our_client_against_rdma_server(addr: SocketAddr) {
         .await
         .expect("receiving rdma_server's reply")
         .expect("a message, not the end");
-    assert_eq!(&reply[..], &[0u8; EXAMPLE_MSG][..], "rdma_server's 16 zero bytes");
+    assert_eq!(
+        &reply[..],
+        &[0u8; EXAMPLE_MSG][..],
+        "rdma_server's 16 zero bytes"
+    );
     drop(reply);
     // Its send completed: it disconnects, which ends our stream cleanly.
     assert_eq!(step("end", conn.recv()).await.unwrap(), None);
-    let out = tokio::task::spawn_blocking(move || server.wait(TOOL_DEADLINE)).await.unwrap();
+    let out = tokio::task::spawn_blocking(move || server.wait(TOOL_DEADLINE))
+        .await
+        .unwrap();
     assert_clean(&out, "rdma_server");
     step("close", conn.close()).await;
 }

@@ -32,10 +32,14 @@ const MSGS: u32 = 200;
 
 /// `fe80::…%eth0` from `$var` as a socket address on `port`.
 fn env_addr(var: &str, port: u16) -> SocketAddr {
-    let s = std::env::var(var).unwrap_or_else(|_| panic!("${var} is not set (run under cargo xtask vm --hosts 2)"));
-    let (ip, ifname) = s.split_once('%').unwrap_or_else(|| panic!("${var}={s}: no %interface"));
+    let s = std::env::var(var)
+        .unwrap_or_else(|_| panic!("${var} is not set (run under cargo xtask vm --hosts 2)"));
+    let (ip, ifname) = s
+        .split_once('%')
+        .unwrap_or_else(|| panic!("${var}={s}: no %interface"));
     let ip: Ipv6Addr = ip.parse().unwrap_or_else(|e| panic!("${var}={s}: {e}"));
-    let scope = evchan_core::if_index(ifname).unwrap_or_else(|| panic!("${var}={s}: no interface {ifname}"));
+    let scope = evchan_core::if_index(ifname)
+        .unwrap_or_else(|| panic!("${var}={s}: no interface {ifname}"));
     SocketAddr::V6(SocketAddrV6::new(ip, port, 0, scope))
 }
 
@@ -86,7 +90,11 @@ async fn two_host_server() {
             .await
             .expect("a connection from VM b within 120 s")
             .unwrap();
-        assert_eq!(incoming.peer_addr().map(|a| a.ip()), Some(peer.ip()), "a request from VM b");
+        assert_eq!(
+            incoming.peer_addr().map(|a| a.ip()),
+            Some(peer.ip()),
+            "a request from VM b"
+        );
         let c = u32::from_be_bytes(incoming.private_data()[..4].try_into().unwrap());
         tasks.spawn(async move {
             let mut conn = step("accept", incoming.accept(b"from a")).await.unwrap();
@@ -101,7 +109,11 @@ async fn two_host_server() {
                 step("send", conn.send(msg(c, i, 1))).await.unwrap();
             }
             // The client closes after reading everything: our recv ends cleanly.
-            assert_eq!(step("end", conn.recv()).await.unwrap(), None, "connection {c}");
+            assert_eq!(
+                step("end", conn.recv()).await.unwrap(),
+                None,
+                "connection {c}"
+            );
             step("close", conn.close()).await;
             c
         });
@@ -128,13 +140,19 @@ async fn two_host_client() {
         tasks.spawn(async move {
             let conn = step(
                 "connect",
-                Connection::builder().config(config()).private_data(c.to_be_bytes().to_vec()).connect(server),
+                Connection::builder()
+                    .config(config())
+                    .private_data(c.to_be_bytes().to_vec())
+                    .connect(server),
             )
             .await
             .unwrap_or_else(|e| panic!("connection {c} to {server}: {e}"));
             assert!(conn.is_evchan_peer());
             assert_eq!(&conn.peer_private_data()[..6], b"from a");
-            assert_eq!(conn.peer_addr().map(|a| a.ip()), Some(IpAddr::V6(*server_ip(&server))));
+            assert_eq!(
+                conn.peer_addr().map(|a| a.ip()),
+                Some(IpAddr::V6(*server_ip(&server)))
+            );
             assert_eq!(conn.local_addr().map(|a| a.ip()), Some(me.ip()));
             let (tx, mut rx) = conn.split();
             let sender = tokio::spawn(async move {
@@ -148,12 +166,19 @@ async fn two_host_client() {
                 assert_eq!(m, msg(c, i, 0), "connection {c}, echo {i}");
             }
             for i in 0..MSGS {
-                let m = step("recv", rx.recv()).await.unwrap().expect("a server message");
+                let m = step("recv", rx.recv())
+                    .await
+                    .unwrap()
+                    .expect("a server message");
                 assert_eq!(m, msg(c, i, 1), "connection {c}, server message {i}");
             }
             let tx = step("sender", sender).await.unwrap();
             drop(tx); // FIN: the server's recv ends, it closes, ours ends
-            assert_eq!(step("end", rx.recv()).await.unwrap(), None, "connection {c}");
+            assert_eq!(
+                step("end", rx.recv()).await.unwrap(),
+                None,
+                "connection {c}"
+            );
         });
     }
     while let Some(r) = tasks.join_next().await {

@@ -156,7 +156,11 @@ pub fn fd_targets() -> Vec<String> {
         .filter_map(|e| {
             let e = e.ok()?;
             let t = std::fs::read_link(e.path()).ok()?;
-            Some(format!("{} -> {}", e.file_name().to_string_lossy(), t.display()))
+            Some(format!(
+                "{} -> {}",
+                e.file_name().to_string_lossy(),
+                t.display()
+            ))
         })
         .collect();
     v.sort();
@@ -182,4 +186,19 @@ pub fn user_rdma_resources(kind: &str) -> Vec<String> {
         .filter(|l| !l.trim().is_empty() && !l.contains("comm ["))
         .map(str::to_owned)
         .collect()
+}
+
+/// glibc's `malloc_trim(0)`: gives the free memory of every malloc arena back to the kernel, so
+/// that [`rss_kib`] afterwards counts what is allocated rather than what glibc keeps cached
+/// (each round's new threads get arenas of their own, whose cached free memory otherwise moves
+/// RSS by several MiB either way).
+pub fn malloc_trim() {
+    extern "C" {
+        fn malloc_trim(pad: usize) -> std::ffi::c_int;
+    }
+    // SAFETY: `malloc_trim` takes no pointer, only touches glibc's own heap state under its
+    // arena locks, and may be called from any thread at any time.
+    unsafe {
+        malloc_trim(0);
+    }
 }

@@ -47,7 +47,11 @@ pub struct Output {
 
 impl std::fmt::Display for Output {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}\n--- stdout\n{}--- stderr\n{}---", self.status, self.stdout, self.stderr)
+        write!(
+            f,
+            "{}\n--- stdout\n{}--- stderr\n{}---",
+            self.status, self.stdout, self.stderr
+        )
     }
 }
 
@@ -82,7 +86,13 @@ impl Tool {
             .unwrap_or_else(|e| panic!("spawning `{name}`: {e}"));
         let out = drain(child.stdout.take().unwrap());
         let err = drain(child.stderr.take().unwrap());
-        Tool { name, child: Some(child), out: Some(out), err: Some(err), started: Instant::now() }
+        Tool {
+            name,
+            child: Some(child),
+            out: Some(out),
+            err: Some(err),
+            started: Instant::now(),
+        }
     }
 
     /// The exit status, if it has exited.
@@ -119,7 +129,10 @@ impl Tool {
                 let _ = child.kill();
                 let status = child.wait().unwrap();
                 let out = self.collect(status);
-                panic!("`{}` did not exit within {deadline:?}; killed: {out}", self.name);
+                panic!(
+                    "`{}` did not exit within {deadline:?}; killed: {out}",
+                    self.name
+                );
             }
             std::thread::sleep(Duration::from_millis(20));
         }
