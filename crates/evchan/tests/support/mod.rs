@@ -119,3 +119,88 @@ pub fn init_log() {
             .try_init();
     }
 }
+
+pub mod tool;
+
+/// Threads of evchan's runtime (`evchan-rt`, `evchan-shard-N`) alive in this process.
+pub fn evchan_threads() -> Vec<String> {
+    let Ok(dir) = std::fs::read_dir("/proc/self/task") else {
+        return Vec::new();
+    };
+    dir.filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+        .map(|c| c.trim().to_owned())
+        .filter(|c| c.starts_with("evchan-rt") || c.starts_with("evchan-shard"))
+        .collect()
+}
+
+/// Waits (at most [`STEP`]) until no evchan runtime thread is left: the runtime has shut
+/// down once its last handle is gone.
+#[track_caller]
+pub fn wait_runtime_gone() {
+    let start = std::time::Instant::now();
+    loop {
+        let left = evchan_threads();
+        if left.is_empty() {
+            return;
+        }
+        assert!(
+            start.elapsed() < STEP,
+            "evchan's runtime threads still run {STEP:?} after the last handle went: {left:?}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// What each open file descriptor of this process points to.
+pub fn fd_targets() -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir("/proc/self/fd")
+        .unwrap()
+        .filter_map(|e| {
+            let e = e.ok()?;
+            let t = std::fs::read_link(e.path()).ok()?;
+            Some(format!(
+                "{} -> {}",
+                e.file_name().to_string_lossy(),
+                t.display()
+            ))
+        })
+        .collect();
+    v.sort();
+    v
+}
+
+/// Lines of `rdma resource show <kind>` owned by user space (every entry but the kernel's own,
+/// whose `comm` is bracketed, like `[ib_core]`).
+///
+/// [`rdma_resources`] cannot see evchan's resources: the kernel records the *thread* that
+/// created a resource (`task_pid_vnr`), and evchan creates its ids, QPs, CQs, MRs and PDs on
+/// its runtime threads, whose ids are not the process id (and read 0 once they have exited).
+/// In the VM this test process is the only user of the device, so every user-space entry is
+/// ours.
+pub fn user_rdma_resources(kind: &str) -> Vec<String> {
+    let out = std::process::Command::new("rdma")
+        .args(["resource", "show", kind])
+        .output()
+        .expect("the rdma tool (iproute2)");
+    assert!(out.status.success(), "rdma resource show {kind}: {out:?}");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| !l.trim().is_empty() && !l.contains("comm ["))
+        .map(str::to_owned)
+        .collect()
+}
+
+/// glibc's `malloc_trim(0)`: gives the free memory of every malloc arena back to the kernel, so
+/// that [`rss_kib`] afterwards counts what is allocated rather than what glibc keeps cached
+/// (each round's new threads get arenas of their own, whose cached free memory otherwise moves
+/// RSS by several MiB either way).
+pub fn malloc_trim() {
+    extern "C" {
+        fn malloc_trim(pad: usize) -> std::ffi::c_int;
+    }
+    // SAFETY: `malloc_trim` takes no pointer, only touches glibc's own heap state under its
+    // arena locks, and may be called from any thread at any time.
+    unsafe {
+        malloc_trim(0);
+    }
+}
