@@ -205,8 +205,14 @@ pub fn run(args: &[String]) -> Result<i32> {
     if !host_has_active_rdma_port() {
         native_device_checks(&mut t, &listed);
     }
-    device_tests(&mut t, place, &listed);
+    // A `device_two_host` binary needs two hosts: it runs (and counts) in the two-VM check.
+    let (two_host, one_host): (Vec<_>, Vec<_>) =
+        listed.into_iter().partition(|b| b.label.ends_with("/device_two_host"));
+    device_tests(&mut t, place, &one_host);
     two_hosts(&mut t);
+    for b in &two_host {
+        evchan_two_hosts(&mut t, b);
+    }
     runner_faults(&mut t);
     fuzz::ladder(&mut |name, ok, took| t.gate(name, ok, took));
 
@@ -620,6 +626,61 @@ fn two_hosts(t: &mut Tally) {
     t.gate(
         "two hosts: rping across two VMs",
         ok && pings == 3,
+        start.elapsed(),
+    );
+}
+
+/// A two-host device binary (`tests/device_two_host.rs`): its `two_host_server` test in VM a,
+/// `two_host_client` in VM b, on a virtual wire; each of its tests counted by its own verdict.
+fn evchan_two_hosts(t: &mut Tally, b: &DeviceBin) {
+    let start = Instant::now();
+    let exe = b.exe.display().to_string();
+    let job = vm::Job {
+        server: Some(format!(
+            "EVCHAN_ROLE=server {exe} --exact two_host_server --nocapture --test-threads=1"
+        )),
+        command: format!(
+            "env EVCHAN_ROLE=client {exe} --exact two_host_client --nocapture --test-threads=1"
+        ),
+        env: vec![("EVCHAN_REQUIRE_DEVICE".into(), "1".into())],
+        timeout: Duration::from_secs(600),
+        ..vm::Job::default()
+    };
+    let mut results: BTreeMap<String, bool> = BTreeMap::new();
+    let mut out = |line: &str| {
+        println!("{line}");
+        // `[a] test two_host_server ... ok` (each VM's lines carry its letter).
+        let line = line.get(4..).filter(|_| line.starts_with('[')).unwrap_or(line);
+        if let Some(rest) = line.strip_prefix("test ") {
+            if let Some((name, verdict)) = rest.split_once(" ... ") {
+                results.insert(name.to_owned(), verdict.trim() == "ok");
+            }
+        }
+    };
+    let ended = match vm::run(&job, &mut out) {
+        Ok(o) => format!("the two-host run exited {}", o.code),
+        Err(e) => {
+            eprintln!("xtask: {e}");
+            e
+        }
+    };
+    let verdicts: Vec<(String, Verdict)> = b
+        .tests
+        .iter()
+        .map(|test| {
+            let v = match results.get(test) {
+                Some(true) => Verdict::Passed,
+                Some(false) => Verdict::Failed("failed".into()),
+                None => Verdict::Failed(format!("never reported ({ended})")),
+            };
+            (format!("{} {test}", b.label), v)
+        })
+        .collect();
+    let expected = verdicts.len() as u64;
+    t.tests(
+        "two hosts: evchan server and client across two VMs",
+        &verdicts,
+        expected,
         start.elapsed(),
     );
 }
