@@ -206,8 +206,9 @@ pub fn run(args: &[String]) -> Result<i32> {
         native_device_checks(&mut t, &listed);
     }
     // A `device_two_host` binary needs two hosts: it runs (and counts) in the two-VM check.
-    let (two_host, one_host): (Vec<_>, Vec<_>) =
-        listed.into_iter().partition(|b| b.label.ends_with("/device_two_host"));
+    let (two_host, one_host): (Vec<_>, Vec<_>) = listed
+        .into_iter()
+        .partition(|b| b.label.ends_with("/device_two_host"));
     device_tests(&mut t, place, &one_host);
     two_hosts(&mut t);
     for b in &two_host {
@@ -650,7 +651,10 @@ fn evchan_two_hosts(t: &mut Tally, b: &DeviceBin) {
     let mut out = |line: &str| {
         println!("{line}");
         // `[a] test two_host_server ... ok` (each VM's lines carry its letter).
-        let line = line.get(4..).filter(|_| line.starts_with('[')).unwrap_or(line);
+        let line = line
+            .get(4..)
+            .filter(|_| line.starts_with('['))
+            .unwrap_or(line);
         if let Some(rest) = line.strip_prefix("test ") {
             if let Some((name, verdict)) = rest.split_once(" ... ") {
                 results.insert(name.to_owned(), verdict.trim() == "ok");

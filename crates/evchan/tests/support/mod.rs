@@ -95,20 +95,6 @@ pub fn rxe_counter(name: &str) -> Option<u64> {
     .and_then(|s| s.trim().parse().ok())
 }
 
-/// Lines of `rdma resource show <kind>` that name this process.
-pub fn rdma_resources(kind: &str) -> Vec<String> {
-    let out = std::process::Command::new("rdma")
-        .args(["resource", "show", kind])
-        .output()
-        .expect("the rdma tool (iproute2)");
-    let pid = std::process::id().to_string();
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter(|l| l.split_whitespace().any(|w| w == pid))
-        .map(str::to_owned)
-        .collect()
-}
-
 /// `EVCHAN_LOG=debug` (an env filter) prints the driver's tracing events to stderr.
 pub fn init_log() {
     if let Ok(filter) = std::env::var("EVCHAN_LOG") {
