@@ -51,6 +51,9 @@ impl Listener {
     /// Binds to `addr` (port 0 picks one; [`local_addr`](Self::local_addr) says which) and
     /// listens.
     ///
+    /// Cancel safety: dropping the future before it completes destroys the listening id if
+    /// it was made; the address is free again.
+    ///
     /// # Errors
     /// [`Error::NoDevice`], [`Error::Config`], or the core's error of `rdma_bind_addr` /
     /// `rdma_listen` (e.g. `EADDRINUSE`).

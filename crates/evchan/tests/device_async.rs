@@ -520,3 +520,35 @@ async fn busy_poll_echo() {
     }
     step("close", conn.close()).await;
 }
+
+/// A `Listener::bind` future dropped before it completes leaves no listening id behind: the
+/// same address binds again (repeatedly, so that some drops land after the bind happened).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelled_bind_leaves_the_address_free() {
+    require_device!();
+    let addr = v4(port(16));
+    let keep = Listener::bind(v4(port(17)), Config::new()).await.unwrap(); // the runtime stays
+    for _ in 0..20 {
+        let _ = tokio::time::timeout(
+            Duration::from_micros(300),
+            Listener::bind(addr, Config::new()),
+        )
+        .await;
+    }
+    // Retried for a while: a dropped bind's listener goes when its shard sees the drop; one
+    // that stayed would keep the address busy past the step's bound.
+    let again = step("bind again", async {
+        loop {
+            match Listener::bind(addr, Config::new()).await {
+                Ok(l) => break l,
+                Err(e) => {
+                    eprintln!("bind: {e}; retrying");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            }
+        }
+    })
+    .await;
+    assert_eq!(again.local_addr(), addr);
+    drop(keep);
+}

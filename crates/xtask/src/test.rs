@@ -647,17 +647,22 @@ fn evchan_two_hosts(t: &mut Tally, b: &DeviceBin) {
         timeout: Duration::from_secs(600),
         ..vm::Job::default()
     };
-    let mut results: BTreeMap<String, bool> = BTreeMap::new();
+    // Each VM runs one test (`--exact`): its libtest summary line is that test's verdict
+    // (with `--nocapture` the test's own output splits `test NAME ... ok` over lines).
+    let role_of = |test: &str| match test {
+        "two_host_server" => Some("[a] "),
+        "two_host_client" => Some("[b] "),
+        _ => None,
+    };
+    let mut results: BTreeMap<&'static str, bool> = BTreeMap::new();
     let mut out = |line: &str| {
         println!("{line}");
-        // `[a] test two_host_server ... ok` (each VM's lines carry its letter).
-        let line = line
-            .get(4..)
-            .filter(|_| line.starts_with('['))
-            .unwrap_or(line);
-        if let Some(rest) = line.strip_prefix("test ") {
-            if let Some((name, verdict)) = rest.split_once(" ... ") {
-                results.insert(name.to_owned(), verdict.trim() == "ok");
+        for role in ["[a] ", "[b] "] {
+            if let Some(summary) = line
+                .strip_prefix(role)
+                .and_then(|l| l.strip_prefix("test result: "))
+            {
+                results.insert(role, summary.starts_with("ok. 1 passed; 0 failed"));
             }
         }
     };
@@ -672,7 +677,7 @@ fn evchan_two_hosts(t: &mut Tally, b: &DeviceBin) {
         .tests
         .iter()
         .map(|test| {
-            let v = match results.get(test) {
+            let v = match role_of(test).and_then(|r| results.get(r)) {
                 Some(true) => Verdict::Passed,
                 Some(false) => Verdict::Failed("failed".into()),
                 None => Verdict::Failed(format!("never reported ({ended})")),

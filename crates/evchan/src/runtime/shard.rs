@@ -278,7 +278,12 @@ impl<'s, 'c> Shard<'s, 'c> {
                 config,
                 reply,
             } => {
-                let _ = reply.send(self.listen(conn, addr, config));
+                if reply.send(self.listen(conn, addr, config)).is_err() {
+                    // The bind future was dropped: nobody will accept on it.
+                    if let Some(l) = self.listeners.remove(&conn) {
+                        self.listener_keys.remove(&l.id.key());
+                    }
+                }
             }
             Cmd::CloseListener(conn) => {
                 if let Some(l) = self.listeners.remove(&conn) {
