@@ -148,10 +148,7 @@ impl ConnectBuilder {
         if !sent {
             return Err(Error::ConnectionLost(Lost::Closed));
         }
-        let est = rx
-            .await
-            .map_err(|_| Error::ConnectionLost(Lost::Closed))??;
-        Ok(Connection::from_established(est))
+        rx.await.map_err(|_| Error::ConnectionLost(Lost::Closed))?
     }
 }
 

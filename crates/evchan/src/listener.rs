@@ -70,15 +70,21 @@ impl Listener {
         }) {
             return Err(Error::ConnectionLost(Lost::Closed));
         }
-        let (local_addr, queue) = rx
-            .await
-            .map_err(|_| Error::ConnectionLost(Lost::Closed))??;
-        Ok(Listener {
+        rx.await.map_err(|_| Error::ConnectionLost(Lost::Closed))?
+    }
+
+    pub(crate) fn new(
+        conn: ConnId,
+        shard: ShardRef,
+        queue: mpsc::Receiver<Incoming>,
+        local_addr: SocketAddr,
+    ) -> Self {
+        Listener {
             conn,
             shard,
             queue: tokio::sync::Mutex::new(queue),
             local_addr,
-        })
+        }
     }
 
     /// The next connection request.
@@ -177,10 +183,7 @@ impl Incoming {
         }) {
             return Err(Error::ConnectionLost(Lost::Closed));
         }
-        let est = rx
-            .await
-            .map_err(|_| Error::ConnectionLost(Lost::Closed))??;
-        Ok(Connection::from_established(est))
+        rx.await.map_err(|_| Error::ConnectionLost(Lost::Closed))?
     }
 
     /// Rejects with `private_data` (at most [`MAX_REJECT_PRIVATE_DATA`] bytes): the peer's

@@ -14,7 +14,7 @@ use evchan_core::cm::state::{
 use evchan_core::verbs::{Mr, Slot, SlotPool, WorkCompletion};
 use evchan_core::CmId;
 
-use super::{Delivery, Established, Shared};
+use super::{Delivery, Shared};
 use crate::config::Config;
 use crate::error::{Result, Step};
 use crate::proto::{Credits, Handshake, Peer};
@@ -82,7 +82,7 @@ pub(super) struct Conn<'s> {
     pub(super) private_data: Vec<u8>,
     /// The peer, once its private data is known.
     pub(super) peer: Option<Peer>,
-    pub(super) reply: Option<oneshot::Sender<Result<Established>>>,
+    pub(super) reply: Option<oneshot::Sender<Result<crate::Connection>>>,
     pub(super) path: Option<Path<'s>>,
     /// `None` for a plain librdmacm peer (no flow control of ours).
     pub(super) credits: Option<Credits>,

@@ -34,7 +34,8 @@ use crate::proto::Peer;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub(crate) struct ConnId(pub(crate) u64);
 
-/// What a user handle asks of a shard.
+/// What a user handle asks of a shard. Replies carry the user's handle itself, so that a
+/// reply nobody receives (its future was dropped) closes what it stands for on drop.
 #[derive(Debug)]
 pub(crate) enum Cmd {
     Connect {
@@ -42,19 +43,19 @@ pub(crate) enum Cmd {
         addr: SocketAddr,
         config: Config,
         private_data: Vec<u8>,
-        reply: oneshot::Sender<Result<Established>>,
+        reply: oneshot::Sender<Result<crate::Connection>>,
     },
     Listen {
         conn: ConnId,
         addr: SocketAddr,
         config: Config,
-        reply: oneshot::Sender<Result<(SocketAddr, mpsc::Receiver<crate::Incoming>)>>,
+        reply: oneshot::Sender<Result<crate::Listener>>,
     },
     CloseListener(ConnId),
     Accept {
         conn: ConnId,
         private_data: Vec<u8>,
-        reply: oneshot::Sender<Result<Established>>,
+        reply: oneshot::Sender<Result<crate::Connection>>,
     },
     Reject {
         conn: ConnId,

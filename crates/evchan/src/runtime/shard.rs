@@ -278,12 +278,18 @@ impl<'s, 'c> Shard<'s, 'c> {
                 config,
                 reply,
             } => {
-                if reply.send(self.listen(conn, addr, config)).is_err() {
-                    // The bind future was dropped: nobody will accept on it.
-                    if let Some(l) = self.listeners.remove(&conn) {
-                        self.listener_keys.remove(&l.id.key());
-                    }
-                }
+                let listener = self.listen(conn, addr, config).and_then(|(local, queue)| {
+                    let rt = self.runtime().ok_or(Error::ConnectionLost(Lost::Closed))?;
+                    Ok(crate::Listener::new(
+                        conn,
+                        rt.shard(self.env.index),
+                        queue,
+                        local,
+                    ))
+                });
+                // A bind future dropped meanwhile drops the listener with the reply: its drop
+                // sends CloseListener.
+                let _ = reply.send(listener);
             }
             Cmd::CloseListener(conn) => {
                 if let Some(l) = self.listeners.remove(&conn) {
@@ -336,7 +342,7 @@ impl<'s, 'c> Shard<'s, 'c> {
         addr: SocketAddr,
         config: Config,
         private_data: Vec<u8>,
-        reply: oneshot::Sender<Result<Established>>,
+        reply: oneshot::Sender<Result<crate::Connection>>,
     ) {
         let id = match CmId::new(self.channel, PortSpace::Tcp) {
             Ok(id) => id,
@@ -391,7 +397,7 @@ impl<'s, 'c> Shard<'s, 'c> {
         &mut self,
         conn: ConnId,
         private_data: Vec<u8>,
-        reply: oneshot::Sender<Result<Established>>,
+        reply: oneshot::Sender<Result<crate::Connection>>,
     ) {
         let Some(c) = self.conns.get_mut(&conn) else {
             return drop(reply.send(Err(Error::ConnectionLost(Lost::Disconnected))));
@@ -788,10 +794,9 @@ impl<'s, 'c> Shard<'s, 'c> {
         tracing::debug!(parent: &c.span, peer = ?c.peer_addr, early = c.early.len(), "established");
         let early = std::mem::take(&mut c.early);
         if let Some(reply) = c.reply.take() {
-            if reply.send(Ok(established)).is_err() {
-                // The connect or accept future was dropped: close it.
-                self.close(conn, None);
-            }
+            // A connect or accept future dropped meanwhile drops the connection with the
+            // reply: its halves' drop closes it.
+            let _ = reply.send(Ok(crate::Connection::from_established(established)));
         }
         for (slot, wc) in early {
             if self
