@@ -317,14 +317,7 @@ impl SendHalf {
             .await
             .map_err(|_| self.shared.send_error())?;
         permit.forget();
-        if self.shard.send(Cmd::Send {
-            conn: self.conn,
-            data,
-        }) {
-            Ok(())
-        } else {
-            Err(Error::ConnectionLost(Lost::Closed))
-        }
+        self.queue(data)
     }
 
     /// Sends the close message after everything queued: the peer's `recv` returns `None`
@@ -357,6 +350,7 @@ impl SendHalf {
         }
     }
 
+    /// Hands `data` to the shard, once a permit is taken.
     pub(crate) fn queue(&self, data: Bytes) -> Result<()> {
         if self.shard.send(Cmd::Send {
             conn: self.conn,

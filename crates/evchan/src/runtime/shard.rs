@@ -416,11 +416,8 @@ impl<'s, 'c> Shard<'s, 'c> {
         let IdState::Requested(id) = std::mem::replace(&mut c.id, IdState::Gone) else {
             unreachable!("checked above")
         };
-        let wire = c.path.as_ref().map(|p| p.mine.encode(&c.private_data));
-        let param = ConnParam::new()
-            .private_data(wire.as_deref().unwrap_or(&[]))
-            .rnr_retry_count(7);
-        match id.accept(&param) {
+        let wire = handshake(c);
+        match id.accept(&conn_param(&wire)) {
             Ok(id) => c.id = IdState::Connecting(id),
             Err(e) => {
                 c.id = IdState::Requested(e.id);
@@ -737,11 +734,8 @@ impl<'s, 'c> Shard<'s, 'c> {
             return self.fail_setup(conn, e);
         }
         let c = self.conns.get_mut(&conn).expect("present");
-        let wire = c.path.as_ref().map(|p| p.mine.encode(&c.private_data));
-        let param = ConnParam::new()
-            .private_data(wire.as_deref().unwrap_or(&[]))
-            .rnr_retry_count(7);
-        match id.connect(&param) {
+        let wire = handshake(c);
+        match id.connect(&conn_param(&wire)) {
             Ok(id) => c.id = IdState::Connecting(id),
             Err(e) => {
                 drop(e.id);
@@ -1423,6 +1417,20 @@ fn connected<'a, 's>(
         IdState::Connected(id) => Some(id),
         _ => None,
     }
+}
+
+/// This side's handshake and the user's private data, for `rdma_connect` / `rdma_accept`.
+fn handshake(c: &Conn<'_>) -> Vec<u8> {
+    c.path
+        .as_ref()
+        .map(|p| p.mine.encode(&c.private_data))
+        .unwrap_or_default()
+}
+
+/// The connection parameters of both sides: `wire` as private data, and RNR retried without
+/// end, as plain librdmacm programs expect (evchan peers never cause an RNR: credits).
+fn conn_param(wire: &[u8]) -> ConnParam<'_> {
+    ConnParam::new().private_data(wire).rnr_retry_count(7)
 }
 
 /// The padding RoCE adds to private data, taken off a plain peer's reject data.
