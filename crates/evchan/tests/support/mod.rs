@@ -106,6 +106,8 @@ pub fn init_log() {
     }
 }
 
+/// rdma-core's programs as subprocesses: evchan-core's test helper, one file for both crates.
+#[path = "../../../evchan-core/tests/support/tool.rs"]
 pub mod tool;
 
 /// Threads of evchan's runtime (`evchan-rt`, `evchan-shard-N`) alive in this process.
