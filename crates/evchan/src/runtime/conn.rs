@@ -30,6 +30,24 @@ pub(super) enum IdState<'s> {
     Gone,
 }
 
+impl IdState<'_> {
+    /// `rdma_disconnect` of a connecting or connected id (which is then `Disconnected`, or
+    /// stays as it was if the call fails); an id in any other state is left as it is.
+    pub(super) fn disconnect(&mut self) {
+        *self = match std::mem::replace(self, IdState::Gone) {
+            IdState::Connected(id) => match id.disconnect() {
+                Ok(id) => IdState::Disconnected(id),
+                Err(e) => IdState::Connected(e.id),
+            },
+            IdState::Connecting(id) => match id.disconnect() {
+                Ok(id) => IdState::Disconnected(id),
+                Err(e) => IdState::Connecting(e.id),
+            },
+            other => other,
+        };
+    }
+}
+
 /// `$body` with `$id` bound to the id in whatever state it is; `None` when gone.
 macro_rules! with_id {
     ($state:expr, $id:ident => $body:expr) => {

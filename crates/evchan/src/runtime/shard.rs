@@ -818,17 +818,7 @@ impl<'s, 'c> Shard<'s, 'c> {
             return;
         };
         c.disconnected = true;
-        if let IdState::Connected(id) = std::mem::replace(&mut c.id, IdState::Gone) {
-            c.id = match id.disconnect() {
-                Ok(id) => IdState::Disconnected(id),
-                Err(e) => IdState::Connected(e.id),
-            };
-        } else if let IdState::Connecting(id) = std::mem::replace(&mut c.id, IdState::Gone) {
-            c.id = match id.disconnect() {
-                Ok(id) => IdState::Disconnected(id),
-                Err(e) => IdState::Connecting(e.id),
-            };
-        }
+        c.id.disconnect();
         let lost = if removed {
             Some(Lost::DeviceRemoved)
         } else if c.closing || c.credits.as_ref().is_none_or(Credits::fin_received) {
@@ -1217,12 +1207,7 @@ impl<'s, 'c> Shard<'s, 'c> {
         c.outbox.clear();
         if !c.disconnected {
             c.disconnected = true;
-            if let IdState::Connected(id) = std::mem::replace(&mut c.id, IdState::Gone) {
-                c.id = match id.disconnect() {
-                    Ok(id) => IdState::Disconnected(id),
-                    Err(e) => IdState::Connected(e.id),
-                };
-            }
+            c.id.disconnect();
         }
         c.phase = Phase::Draining;
         c.deadline = Some(Instant::now() + DRAIN_TIMEOUT);
@@ -1390,12 +1375,7 @@ impl<'s, 'c> Shard<'s, 'c> {
         };
         if failed.is_none() && c.closing && sent_all && !c.disconnected {
             c.disconnected = true;
-            if let IdState::Connected(id) = std::mem::replace(&mut c.id, IdState::Gone) {
-                c.id = match id.disconnect() {
-                    Ok(id) => IdState::Disconnected(id),
-                    Err(e) => IdState::Connected(e.id),
-                };
-            }
+            c.id.disconnect();
             if let Some(shared) = &c.shared {
                 shared.end(SendEnd::Lost(Lost::Closed));
             }
