@@ -29,6 +29,7 @@ pub struct Config {
     pub(crate) backlog: u32,
     pub(crate) cq_entries: u32,
     pub(crate) busy_poll: Option<Duration>,
+    pub(crate) keepalive: Option<Duration>,
 }
 
 impl Default for Config {
@@ -40,7 +41,8 @@ impl Default for Config {
 impl Config {
     /// The defaults: 4 KiB messages, 16 receives and 16 sends in flight per connection, 2 s to
     /// resolve the address and the route each, 10 s to connect, a backlog of 128, one
-    /// event-channel shard per available CPU, 16,384 CQ entries per shard.
+    /// event-channel shard per available CPU, 16,384 CQ entries per shard, a keepalive after
+    /// 15 s without a completion.
     #[must_use]
     pub fn new() -> Self {
         Self {
@@ -55,6 +57,7 @@ impl Config {
             backlog: 128,
             cq_entries: 16_384,
             busy_poll: None,
+            keepalive: Some(Duration::from_secs(15)),
         }
     }
 
@@ -144,6 +147,23 @@ impl Config {
         self
     }
 
+    /// Liveness of an idle connection: once `idle` has passed without a completion on it (a
+    /// message sent, acknowledged or received), this side sends a keepalive, a control message
+    /// without payload (a credit update that returns nothing) that the peer's RDMA device
+    /// acknowledges. A peer that died, or a cut wire, makes that send fail once the reliable
+    /// connection's retries are spent, and the connection ends with
+    /// [`Lost::WorkCompletion`](crate::Lost::WorkCompletion): pending `recv`, `send` and
+    /// `close` return. Without it, a connection with nothing in flight never learns that its
+    /// peer is gone. Only toward evchan peers (a plain librdmacm peer would read it as data);
+    /// sent only while a control credit is free besides the one kept for confirmations.
+    /// `None` turns it off; default 15 s. The bound from the fault to the error is in
+    /// `docs/RELIABILITY.md`: about `idle` plus the transport's retries.
+    #[must_use]
+    pub fn keepalive(mut self, idle: Option<Duration>) -> Self {
+        self.keepalive = idle;
+        self
+    }
+
     pub(crate) fn validate(&self) -> Result<()> {
         let bad = |m: &str| Err(Error::Config(m.to_owned()));
         if self.max_message == 0 {
@@ -163,6 +183,9 @@ impl Config {
         }
         if self.backlog == 0 {
             return bad("backlog must be at least 1");
+        }
+        if self.keepalive.is_some_and(|k| k.is_zero()) {
+            return bad("keepalive must be above zero (None turns it off)");
         }
         Ok(())
     }

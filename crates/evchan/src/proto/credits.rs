@@ -214,6 +214,17 @@ impl Credits {
         Some(self.imm(Kind::Credit))
     }
 
+    /// A keepalive: a credit update that returns nothing new (the peer accepts it as one, and
+    /// confirms it like any control message), as its immediate data. `None` when the control
+    /// budget, less the confirmation reserve, is spent for now.
+    pub fn keepalive(&mut self) -> Option<u32> {
+        if self.ctrl_out + 1 >= u32::from(self.peer.ctrl_slots) {
+            return None;
+        }
+        self.ctrl_out += 1;
+        Some(self.imm(Kind::Credit))
+    }
+
     /// The `FIN` message's immediate data, once; `None` when sent already or the control budget
     /// (less the confirmation reserve) is spent for now.
     pub fn send_fin(&mut self) -> Option<u32> {
@@ -409,6 +420,17 @@ mod tests {
             self.check();
         }
 
+        /// Side `i` sends a keepalive, if its control budget allows.
+        fn keepalive(&mut self, i: usize) -> bool {
+            let peer = 1 - i;
+            let Some(imm) = self.sides[i].credits.keepalive() else {
+                return false;
+            };
+            self.wires[peer].push_back((imm, None));
+            self.check();
+            true
+        }
+
         /// Side `i` receives one message, if any.
         fn deliver(&mut self, i: usize) -> bool {
             let Some((imm, seq)) = self.wires[i].pop_front() else {
@@ -441,6 +463,7 @@ mod tests {
         Pump(usize),
         Deliver(usize),
         Consume(usize),
+        Keepalive(usize),
     }
 
     fn step() -> impl Strategy<Value = Step> {
@@ -448,6 +471,7 @@ mod tests {
             (0..2usize).prop_map(Step::Pump),
             (0..2usize).prop_map(Step::Deliver),
             (0..2usize).prop_map(Step::Consume),
+            (0..2usize).prop_map(Step::Keepalive),
         ]
     }
 
@@ -496,6 +520,7 @@ mod tests {
                     Step::Pump(i) => p.pump(i),
                     Step::Deliver(i) => { p.deliver(i); }
                     Step::Consume(i) => { p.consume(i); }
+                    Step::Keepalive(i) => { p.keepalive(i); }
                 }
             }
             finish(&mut p);
@@ -511,6 +536,7 @@ mod tests {
                     Step::Pump(i) => p.pump(i),
                     Step::Deliver(i) => { p.deliver(i); }
                     Step::Consume(i) => { p.consume(i); }
+                    Step::Keepalive(i) => { p.keepalive(i); }
                 }
                 if p.sides[1].fin_seen {
                     // Everything sent before FIN has arrived (held or consumed).
@@ -547,6 +573,42 @@ mod tests {
         );
         assert_eq!(p.sides[0].held.len(), 4);
         finish(&mut p);
+    }
+
+    /// Two idle sides, each sending a keepalive whenever its budget allows and answering
+    /// what comes: a keepalive can always go again once the peer has read and confirmed, so
+    /// the budget never runs dry, and the peer reads it as a credit update that returns nothing.
+    #[test]
+    fn keepalives_forever() {
+        for ctrl in 3..6 {
+            let mut p = Pair::new(hs(2, ctrl), hs(3, 3), [0, 0]);
+            let mut sent = [0u32; 2];
+            for _ in 0..10_000 {
+                for i in 0..2 {
+                    sent[i] += u32::from(p.keepalive(i));
+                    while p.deliver(1 - i) {}
+                    p.pump(1 - i);
+                    while p.deliver(i) {}
+                    p.pump(i);
+                }
+            }
+            assert!(sent.iter().all(|&n| n >= 10_000), "ctrl {ctrl}: {sent:?}");
+            finish(&mut p);
+        }
+        let mut c = Credits::new(hs(1, 3), hs(1, 3));
+        let imm = c.keepalive().expect("a free control credit");
+        assert_eq!(imm >> 30, 1, "a credit update");
+        let mut peer = Credits::new(hs(1, 3), hs(1, 3));
+        assert_eq!(peer.on_receive(Some(imm), 0), Ok(Kind::Credit));
+        assert!(
+            c.keepalive().is_some(),
+            "3 control credits: 2 for keepalives"
+        );
+        assert_eq!(
+            c.keepalive(),
+            None,
+            "the last credit is the confirmation reserve"
+        );
     }
 
     #[test]

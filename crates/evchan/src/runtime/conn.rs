@@ -126,6 +126,8 @@ pub(super) struct Conn<'s> {
     pub(super) early: Vec<(Slot, WorkCompletion)>,
     /// CQ entries this connection reserved on its device's CQ.
     pub(super) cq_reserved: u32,
+    /// The last completion of this connection (or keepalive sent): see `shard/keepalive.rs`.
+    pub(super) last_activity: Instant,
 }
 
 impl Conn<'_> {
@@ -161,6 +163,7 @@ impl Conn<'_> {
             ended: false,
             early: Vec::new(),
             cq_reserved: 0,
+            last_activity: Instant::now(),
         }
     }
 }

@@ -26,6 +26,8 @@ use crate::config::Config;
 use crate::error::{Error, Lost, Result, Step};
 use crate::proto::{self, Credits, Handshake, Kind, Peer};
 
+mod keepalive;
+
 /// How long a closing connection may take to drain before its id is destroyed anyway.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(15);
 /// How many completions one poll takes.
@@ -173,6 +175,7 @@ async fn drive<'s, 'c>(
             shard.busy_poll(window, &mut rx, &mut slots_rx);
         }
         let deadline = shard.next_deadline();
+        let keepalive = shard.next_keepalive();
         tokio::select! {
             guard = cm_fd.ready() => {
                 let mut guard = guard?;
@@ -210,6 +213,7 @@ async fn drive<'s, 'c>(
                 }
             }
             () = sleep_until(deadline) => shard.on_deadlines(),
+            () = sleep_until(keepalive) => shard.on_keepalive(),
         }
         shard.flush_dirty();
     }
@@ -1066,6 +1070,7 @@ impl<'s, 'c> Shard<'s, 'c> {
             return;
         };
         c.outstanding = c.outstanding.saturating_sub(1);
+        c.last_activity = Instant::now();
         let ok = wc.is_success();
         match w.kind {
             WrKind::Recv => match c.phase {
