@@ -58,6 +58,9 @@ until ip -6 addr show dev "$netdev" | grep -q 'fe80::ff:fe00' &&
 done
 
 . "$here/env"
+# Fault hooks (`evchan-vm-fault`, see fault.sh): the runner on the host carries them out.
+export EVCHAN_VM_ROLE="$role" EVCHAN_VM_SHARE="$here" EVCHAN_VM_FAULT="$here/bin/evchan-vm-fault"
+export PATH="$here/bin:$PATH"
 cd "$(cat "$here/cwd")" || exit 125
 
 case "$role" in

@@ -5,6 +5,13 @@
 //! read-only through 9p and chroots into it, so binaries built on the host run unchanged; a
 //! second, writable 9p share (a fresh directory under `target/evchan-vm/runs/`) carries the job
 //! scripts in and the exit status out. See SOFTROCE.md for the observed facts behind each step.
+//!
+//! Fault hooks (`fault.rs`): a guest writes a request into the share (the `evchan-vm-fault`
+//! helper does it) and the runner, which watches the share while it reads the consoles, cuts or
+//! restores the wire through qemu's monitor, or stops, continues or kills a VM's qemu. A VM
+//! killed that way is expected to end without an exit status; the others' statuses decide.
+
+mod fault;
 
 use std::collections::VecDeque;
 use std::fmt::Write as _;
@@ -40,6 +47,8 @@ const BOOT_TIMEOUT: Duration = Duration::from_secs(240);
 const CONSOLE_TAIL: usize = 60;
 /// With two hosts: how long the server may run on after the client's job ended.
 const SERVER_GRACE: Duration = Duration::from_secs(30);
+/// How often the runner looks for fault requests in the share.
+const FAULT_POLL: Duration = Duration::from_millis(50);
 
 /// What to run, where.
 #[derive(Debug, Clone, Default)]
@@ -62,6 +71,8 @@ pub struct Outcome {
     pub code: i32,
     /// From qemu's start to the job's start, of the slowest VM.
     pub boot: Option<Duration>,
+    /// The VMs killed on a guest's request (`evchan-vm-fault kill`), in order.
+    pub killed: Vec<&'static str>,
 }
 
 /// `cargo xtask vm [--hosts 2] [--server CMD] [--env K=V] [--timeout S] [-v] -- CMD...`
@@ -129,6 +140,9 @@ pub fn cli(args: &[String]) -> Result<i32> {
     }
     job.command = shell_join(&command);
     let outcome = run(&job, &mut |line| println!("{line}"))?;
+    for vm in &outcome.killed {
+        eprintln!("evchan-vm: VM {vm} was killed on request; the other VM's status decides");
+    }
     Ok(outcome.code)
 }
 
@@ -212,6 +226,8 @@ pub fn run(job: &Job, out: &mut dyn FnMut(&str)) -> Result<Outcome> {
         });
         vms.push(Vm {
             role,
+            pid: child.id(),
+            killed: false,
             child,
             console: VecDeque::new(),
             began: None,
@@ -232,7 +248,7 @@ pub fn run(job: &Job, out: &mut dyn FnMut(&str)) -> Result<Outcome> {
     while vms.iter().any(|v| !v.eof) {
         let now = Instant::now();
         let boot_deadline = started + BOOT_TIMEOUT;
-        let mut next = if vms.iter().all(|v| v.began.is_some()) {
+        let mut next = if vms.iter().all(|v| v.began.is_some() || v.killed) {
             deadline
         } else {
             deadline.min(boot_deadline)
@@ -241,7 +257,15 @@ pub fn run(job: &Job, out: &mut dyn FnMut(&str)) -> Result<Outcome> {
             next = next.min(g);
         }
         let wait = next.saturating_duration_since(now);
-        match rx.recv_timeout(wait) {
+        for (tag, line) in fault::pending(&share) {
+            let result = carry_out(&line, roles, &share, &mut vms);
+            match &result {
+                Ok(()) => eprintln!("evchan-vm: fault `{line}`: done"),
+                Err(e) => eprintln!("evchan-vm: fault `{line}`: {e}"),
+            }
+            fault::answer(&share, &tag, &result);
+        }
+        match rx.recv_timeout(wait.min(FAULT_POLL)) {
             Ok((i, Some(line))) => {
                 let vm = &mut vms[i];
                 vm.remember(&line);
@@ -271,6 +295,7 @@ pub fn run(job: &Job, out: &mut dyn FnMut(&str)) -> Result<Outcome> {
                 vms[i].eof = true;
                 let _ = vms[i].child.wait();
             }
+            Err(mpsc::RecvTimeoutError::Timeout) if Instant::now() < next => {}
             Err(mpsc::RecvTimeoutError::Timeout)
                 if server_grace.is_some_and(|g| Instant::now() >= g) =>
             {
@@ -278,7 +303,7 @@ pub fn run(job: &Job, out: &mut dyn FnMut(&str)) -> Result<Outcome> {
                 break;
             }
             Err(mpsc::RecvTimeoutError::Timeout) => {
-                let booting = vms.iter().any(|v| v.began.is_none());
+                let booting = vms.iter().any(|v| v.began.is_none() && !v.killed);
                 timed_out = Some(if Instant::now() >= deadline && !booting {
                     format!("the job did not finish within {} s", job.timeout.as_secs())
                 } else if Instant::now() >= deadline {
@@ -304,8 +329,10 @@ pub fn run(job: &Job, out: &mut dyn FnMut(&str)) -> Result<Outcome> {
         let _ = vm.child.wait();
     }
 
+    let killed: Vec<&'static str> = vms.iter().filter(|v| v.killed).map(|v| v.role).collect();
     let boot = vms
         .iter()
+        .filter(|v| !v.killed)
         .map(|v| v.began)
         .collect::<Option<Vec<_>>>()
         .and_then(|b| b.into_iter().max());
@@ -329,7 +356,11 @@ pub fn run(job: &Job, out: &mut dyn FnMut(&str)) -> Result<Outcome> {
             // The client's failure is the news; the server waited for a client that gave up.
             Some(c) if c != 0 => {
                 let _ = fs::remove_dir_all(&share);
-                return Ok(Outcome { code: c, boot });
+                return Ok(Outcome {
+                    code: c,
+                    boot,
+                    killed,
+                });
             }
             _ => problems.push(format!(
                 "the server (VM a) did not end within {} s of the client",
@@ -337,7 +368,7 @@ pub fn run(job: &Job, out: &mut dyn FnMut(&str)) -> Result<Outcome> {
             )),
         }
     }
-    for vm in &vms {
+    for vm in vms.iter().filter(|v| !v.killed) {
         let rc = fs::read_to_string(share.join(format!("rc.{}", vm.role)))
             .ok()
             .and_then(|s| s.trim().parse::<i32>().ok());
@@ -380,11 +411,43 @@ pub fn run(job: &Job, out: &mut dyn FnMut(&str)) -> Result<Outcome> {
         }
         _ => 1,
     };
-    Ok(Outcome { code, boot })
+    Ok(Outcome { code, boot, killed })
+}
+
+/// Carries out one fault request of a guest.
+fn carry_out(line: &str, roles: &[&'static str], share: &Path, vms: &mut [Vm]) -> Result<()> {
+    match fault::parse(line, roles)? {
+        fault::Fault::Link { up, vms: which } => {
+            let cmd = format!("set_link n0 {}", if up { "on" } else { "off" });
+            for role in which {
+                fault::monitor(&fault::monitor_path(share, role), &cmd)
+                    .map_err(|e| format!("VM {role}: {e}"))?;
+            }
+            Ok(())
+        }
+        fault::Fault::Signal { sig, vm } => {
+            let v = vms
+                .iter_mut()
+                .find(|v| v.role == vm)
+                .ok_or_else(|| format!("no VM {vm}"))?;
+            if v.killed || v.eof {
+                return Err(format!("VM {vm} has ended already"));
+            }
+            fault::signal(v.pid, sig)?;
+            if sig == fault::Signal::Kill {
+                v.killed = true;
+            }
+            Ok(())
+        }
+    }
 }
 
 struct Vm {
     role: &'static str,
+    /// qemu's (`setpriv` execs it).
+    pid: u32,
+    /// Killed on a guest's request: its missing exit status is expected.
+    killed: bool,
     child: Child,
     console: VecDeque<String>,
     began: Option<Duration>,
@@ -419,6 +482,10 @@ fn qemu(kernel: &Kernel, initrd: &Path, share: &Path, role: &str) -> Command {
         "-display",
         "none",
     ]);
+    cmd.arg("-monitor").arg(format!(
+        "unix:{},server=on,wait=off",
+        fault::monitor_path(share, role).display()
+    ));
     cmd.args([
         "-chardev",
         "stdio,id=con,signal=off",
@@ -503,6 +570,9 @@ fn write_share(share: &Path, job: &Job) -> Result<()> {
         fs::write(share.join(name), text).map_err(|e| format!("cannot write {name}: {e}"))
     };
     write("guest.sh", GUEST)?;
+    fs::create_dir_all(share.join("bin")).map_err(|e| format!("cannot create bin/: {e}"))?;
+    write("bin/evchan-vm-fault", fault::SCRIPT)?;
+    set_executable(&share.join("bin/evchan-vm-fault"))?;
     let cwd = std::env::current_dir().map_err(|e| e.to_string())?;
     write("cwd", &cwd.display().to_string())?;
     let mut env = String::new();
