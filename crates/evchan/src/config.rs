@@ -30,6 +30,7 @@ pub struct Config {
     pub(crate) cq_entries: u32,
     pub(crate) busy_poll: Option<Duration>,
     pub(crate) keepalive: Option<Duration>,
+    pub(crate) retry_count: u8,
 }
 
 impl Default for Config {
@@ -42,7 +43,7 @@ impl Config {
     /// The defaults: 4 KiB messages, 16 receives and 16 sends in flight per connection, 2 s to
     /// resolve the address and the route each, 10 s to connect, a backlog of 128, one
     /// event-channel shard per available CPU, 16,384 CQ entries per shard, a keepalive after
-    /// 15 s without a completion.
+    /// 15 s without a completion, 6 transport retries.
     #[must_use]
     pub fn new() -> Self {
         Self {
@@ -58,6 +59,7 @@ impl Config {
             cq_entries: 16_384,
             busy_poll: None,
             keepalive: Some(Duration::from_secs(15)),
+            retry_count: 6,
         }
     }
 
@@ -164,6 +166,20 @@ impl Config {
         self
     }
 
+    /// The reliable connection's `retry_count` (0–6): how often an unacknowledged send is
+    /// sent again, each after the QP's local ACK timeout, before it fails with
+    /// `RETRY_EXC_ERR`. Together with that timeout (set by rdma_cm from the path; on RoCE from
+    /// its fixed packet lifetime) it bounds how long a dead peer or a cut wire goes unnoticed
+    /// while something is in flight. The IB CM carries the connecting side's value in its
+    /// request, and both QPs use it: for an accepted connection the peer's setting counts.
+    /// Default 6; 7, librdmacm's default, is refused: soft-RoCE (`rdma_rxe`) reads it as
+    /// "retry forever", so nothing would ever fail.
+    #[must_use]
+    pub fn retry_count(mut self, n: u8) -> Self {
+        self.retry_count = n;
+        self
+    }
+
     pub(crate) fn validate(&self) -> Result<()> {
         let bad = |m: &str| Err(Error::Config(m.to_owned()));
         if self.max_message == 0 {
@@ -183,6 +199,9 @@ impl Config {
         }
         if self.backlog == 0 {
             return bad("backlog must be at least 1");
+        }
+        if self.retry_count > 6 {
+            return bad("retry_count must be within 0..=6 (rdma_rxe retries 7 forever)");
         }
         if self.keepalive.is_some_and(|k| k.is_zero()) {
             return bad("keepalive must be above zero (None turns it off)");

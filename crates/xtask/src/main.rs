@@ -39,11 +39,19 @@ tasks:
                         variables of the caller are passed on by themselves
       --timeout SECS    kill the VM(s) after SECS (default 1200) and fail with the console's tail
       -v, --verbose     print the guest's boot console too
+      fault hooks       inside either VM, `evchan-vm-fault link off|on [a|b]` cuts or restores
+                        the wire (qemu's set_link of n0; both ends unless a VM is named),
+                        `evchan-vm-fault stop|cont|kill a|b` sends SIGSTOP/SIGCONT/SIGKILL to a
+                        VM's qemu; it returns once the runner has done it. A VM killed that way
+                        ends without an exit status and does not fail the run: the other VM's
+                        status decides. (Protocol: crates/xtask/src/vm/fault.sh)
                         (EVCHAN_VM_SMP=N sets the vCPUs per guest: 2 alone, 1 each of two)
   test [--vm]           fmt, clippy, docs, native tests, then the device tests in the VM with
                         EVCHAN_REQUIRE_DEVICE=1 (natively instead when this host has an ACTIVE
                         RDMA port, unless --vm), cargo deny, the fuzz targets briefly; ends
                         with `N passed, N failed, N skipped`, each test counted once
+  test --two-hosts      only the two-VM steps: rping, then each NAME_server / NAME_client pair
+                        of every tests/device_two_host*.rs in a two-VM boot of its own
   bench [--vm] [-- ARGS] build benches/ (bench profile) and run them in the VM (natively on an
                         ACTIVE RDMA port, unless --vm) with short criterion settings; ARGS go to
                         criterion (e.g. a filter). Prints each benchmark's evchan and raw-FFI

@@ -584,8 +584,8 @@ mod tests {
             let mut p = Pair::new(hs(2, ctrl), hs(3, 3), [0, 0]);
             let mut sent = [0u32; 2];
             for _ in 0..10_000 {
-                for i in 0..2 {
-                    sent[i] += u32::from(p.keepalive(i));
+                for (i, n) in sent.iter_mut().enumerate() {
+                    *n += u32::from(p.keepalive(i));
                     while p.deliver(1 - i) {}
                     p.pump(1 - i);
                     while p.deliver(i) {}

@@ -421,7 +421,7 @@ impl<'s, 'c> Shard<'s, 'c> {
             unreachable!("checked above")
         };
         let wire = handshake(c);
-        match id.accept(&conn_param(&wire)) {
+        match id.accept(&conn_param(&wire, c.config.retry_count)) {
             Ok(id) => c.id = IdState::Connecting(id),
             Err(e) => {
                 c.id = IdState::Requested(e.id);
@@ -739,7 +739,7 @@ impl<'s, 'c> Shard<'s, 'c> {
         }
         let c = self.conns.get_mut(&conn).expect("present");
         let wire = handshake(c);
-        match id.connect(&conn_param(&wire)) {
+        match id.connect(&conn_param(&wire, c.config.retry_count)) {
             Ok(id) => c.id = IdState::Connecting(id),
             Err(e) => {
                 drop(e.id);
@@ -1412,10 +1412,14 @@ fn handshake(c: &Conn<'_>) -> Vec<u8> {
         .unwrap_or_default()
 }
 
-/// The connection parameters of both sides: `wire` as private data, and RNR retried without
-/// end, as plain librdmacm programs expect (evchan peers never cause an RNR: credits).
-fn conn_param(wire: &[u8]) -> ConnParam<'_> {
-    ConnParam::new().private_data(wire).rnr_retry_count(7)
+/// The connection parameters of both sides: `wire` as private data, RNR retried without
+/// end, as plain librdmacm programs expect (evchan peers never cause an RNR: credits), and the
+/// transport's retries (`Config::retry_count`; the IB CM takes the connecting side's for both).
+fn conn_param(wire: &[u8], retry_count: u8) -> ConnParam<'_> {
+    ConnParam::new()
+        .private_data(wire)
+        .rnr_retry_count(7)
+        .retry_count(retry_count)
 }
 
 /// The padding RoCE adds to private data, taken off a plain peer's reject data.

@@ -2,12 +2,12 @@
 //! carries it out on the host and answers (see `fault.sh`, installed in the guest as
 //! `evchan-vm-fault`).
 //!
-//! Requests: `link off|on [a|b]` (qemu's `set_link n0` through each VM's monitor socket; both
+//! Requests: `link off|on [a|b]` (qemu's `set_link` of netdev `n0` through each VM's QMP socket; both
 //! ends when no VM is named), `stop|cont|kill a|b` (SIGSTOP, SIGCONT, SIGKILL of that VM's
 //! qemu). A killed VM's missing exit status is expected, not a failure of the run.
 
 use std::fs;
-use std::io::{BufRead as _, BufReader, Read as _, Write as _};
+use std::io::{BufRead as _, BufReader, Write as _};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -107,46 +107,47 @@ pub(super) fn answer(share: &Path, tag: &str, result: &Result<(), String>) {
     }
 }
 
-/// The monitor socket of a VM's qemu.
-pub(super) fn monitor_path(share: &Path, role: &str) -> PathBuf {
-    share.join(format!("monitor.{role}.sock"))
+/// The QMP socket of a VM's qemu.
+pub(super) fn qmp_path(share: &Path, role: &str) -> PathBuf {
+    share.join(format!("qmp.{role}.sock"))
 }
 
-/// One HMP command through a qemu monitor socket; its output, or why it failed.
-pub(super) fn monitor(sock: &Path, command: &str) -> Result<String, String> {
-    let mut s = UnixStream::connect(sock)
-        .map_err(|e| format!("cannot reach qemu's monitor {}: {e}", sock.display()))?;
+/// `set_link` of netdev `n0` through a qemu's QMP socket: done once qemu has answered.
+pub(super) fn set_link(sock: &Path, up: bool) -> Result<(), String> {
+    let s = UnixStream::connect(sock)
+        .map_err(|e| format!("cannot reach qemu's QMP socket {}: {e}", sock.display()))?;
     s.set_read_timeout(Some(Duration::from_secs(10)))
         .map_err(|e| e.to_string())?;
-    let mut r = BufReader::new(s.try_clone().map_err(|e| e.to_string())?);
-    let prompt = |r: &mut BufReader<UnixStream>| -> Result<String, String> {
-        // HMP ends each answer with the prompt `(qemu) ` (no newline after it).
-        let mut text = Vec::new();
-        loop {
-            let mut byte = [0u8; 1];
-            match r.read(&mut byte) {
-                Ok(0) => return Err("qemu's monitor closed".into()),
-                Ok(_) => text.push(byte[0]),
-                Err(e) => return Err(format!("qemu's monitor: {e}")),
-            }
-            if text.ends_with(b"(qemu) ") {
-                return Ok(String::from_utf8_lossy(&text).into_owned());
-            }
+    let mut w = s.try_clone().map_err(|e| e.to_string())?;
+    let mut lines = BufReader::new(s).lines();
+    // QMP: a greeting, then one JSON object per line; events may come between the answers.
+    let answer = |lines: &mut std::io::Lines<BufReader<UnixStream>>| loop {
+        let line = lines
+            .next()
+            .ok_or("qemu closed its QMP socket")?
+            .map_err(|e| format!("qemu's QMP socket: {e}"))?;
+        if line.contains("\"return\"") {
+            return Ok(());
+        }
+        if line.contains("\"error\"") {
+            return Err(format!("qemu: {line}"));
         }
     };
-    prompt(&mut r)?;
-    s.write_all(format!("{command}\n").as_bytes())
-        .map_err(|e| format!("qemu's monitor: {e}"))?;
-    let out = prompt(&mut r)?;
-    let _ = r.fill_buf();
-    // The answer echoes the command (with terminal escapes); an error is a line of its own.
-    if let Some(err) = out
-        .lines()
-        .find(|l| l.contains("Error") || l.contains("not found"))
-    {
-        return Err(format!("qemu's monitor: {}", err.trim()));
+    let greeting = lines
+        .next()
+        .ok_or("no QMP greeting")?
+        .map_err(|e| format!("qemu's QMP socket: {e}"))?;
+    if !greeting.contains("\"QMP\"") {
+        return Err(format!("not a QMP greeting: {greeting}"));
     }
-    Ok(out)
+    w.write_all(b"{\"execute\": \"qmp_capabilities\"}\n")
+        .map_err(|e| e.to_string())?;
+    answer(&mut lines)?;
+    let cmd = format!(
+        "{{\"execute\": \"set_link\", \"arguments\": {{\"name\": \"n0\", \"up\": {up}}}}}\n"
+    );
+    w.write_all(cmd.as_bytes()).map_err(|e| e.to_string())?;
+    answer(&mut lines)
 }
 
 /// `kill(pid, sig)` through the `kill` program (xtask has no libc dependency).

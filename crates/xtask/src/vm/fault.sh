@@ -1,7 +1,7 @@
 #!/bin/sh
 # evchan-vm-fault ACTION [VM] — inside a VM of `cargo xtask vm`: asks the runner on the host
 # for a fault and waits until it is done. The runner answers each request with a line, `ok` or
-# `error: WHY`; this exits 0 on `ok`, 1 otherwise (2: no answer within 60 s).
+# `error: WHY`; this exits 0 on `ok`, 1 otherwise (2: no answer within 1200 polls of 50 ms).
 #
 #   evchan-vm-fault link off|on [a|b]   qemu's `set_link n0 off|on` (two VMs): both ends of the
 #                                       wire, or only VM a's / VM b's
@@ -18,10 +18,11 @@ share="${EVCHAN_VM_SHARE:-$(dirname "$(dirname "$0")")}"
 name="${EVCHAN_VM_ROLE:-x}.$$.$(date +%s%N)"
 printf '%s\n' "$*" >"$share/.fault.$name"
 mv "$share/.fault.$name" "$share/fault.req.$name"
-start=$(date +%s)
+polls=0
 until [ -e "$share/fault.ack.$name" ]; do
-    if [ $(($(date +%s) - start)) -ge 60 ]; then
-        echo "evchan-vm-fault: no answer from the runner within 60 s to: $*" >&2
+    polls=$((polls + 1))
+    if [ $polls -gt 1200 ]; then
+        echo "evchan-vm-fault: no answer from the runner within 1200 polls (60 s or more) to: $*" >&2
         exit 2
     fi
     sleep 0.05

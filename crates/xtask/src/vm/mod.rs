@@ -8,7 +8,7 @@
 //!
 //! Fault hooks (`fault.rs`): a guest writes a request into the share (the `evchan-vm-fault`
 //! helper does it) and the runner, which watches the share while it reads the consoles, cuts or
-//! restores the wire through qemu's monitor, or stops, continues or kills a VM's qemu. A VM
+//! restores the wire through qemu's QMP socket, or stops, continues or kills a VM's qemu. A VM
 //! killed that way is expected to end without an exit status; the others' statuses decide.
 
 mod fault;
@@ -418,9 +418,8 @@ pub fn run(job: &Job, out: &mut dyn FnMut(&str)) -> Result<Outcome> {
 fn carry_out(line: &str, roles: &[&'static str], share: &Path, vms: &mut [Vm]) -> Result<()> {
     match fault::parse(line, roles)? {
         fault::Fault::Link { up, vms: which } => {
-            let cmd = format!("set_link n0 {}", if up { "on" } else { "off" });
             for role in which {
-                fault::monitor(&fault::monitor_path(share, role), &cmd)
+                fault::set_link(&fault::qmp_path(share, role), up)
                     .map_err(|e| format!("VM {role}: {e}"))?;
             }
             Ok(())
@@ -482,9 +481,9 @@ fn qemu(kernel: &Kernel, initrd: &Path, share: &Path, role: &str) -> Command {
         "-display",
         "none",
     ]);
-    cmd.arg("-monitor").arg(format!(
+    cmd.arg("-qmp").arg(format!(
         "unix:{},server=on,wait=off",
-        fault::monitor_path(share, role).display()
+        fault::qmp_path(share, role).display()
     ));
     cmd.args([
         "-chardev",
