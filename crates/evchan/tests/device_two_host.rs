@@ -16,12 +16,15 @@
 //! sends `MSGS` of its own, then each side closes and the other reads `None`.
 
 mod support;
+#[path = "support/two_host.rs"]
+mod two_host;
 
-use std::net::{IpAddr, Ipv6Addr, SocketAddr, SocketAddrV6};
+use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 
 use bytes::Bytes;
 use evchan::{Config, Connection, Listener};
 use support::step;
+use two_host::{env_addr, role_is};
 
 /// The server's port (fixed: the client must know it).
 const TWO_HOST_PORT: u16 = 7479;
@@ -29,35 +32,6 @@ const TWO_HOST_PORT: u16 = 7479;
 const CLIENTS: u32 = 4;
 /// Messages each way per connection.
 const MSGS: u32 = 200;
-
-/// `fe80::…%eth0` from `$var` as a socket address on `port`.
-fn env_addr(var: &str, port: u16) -> SocketAddr {
-    let s = std::env::var(var)
-        .unwrap_or_else(|_| panic!("${var} is not set (run under cargo xtask vm --hosts 2)"));
-    let (ip, ifname) = s
-        .split_once('%')
-        .unwrap_or_else(|| panic!("${var}={s}: no %interface"));
-    let ip: Ipv6Addr = ip.parse().unwrap_or_else(|e| panic!("${var}={s}: {e}"));
-    let scope = evchan_core::if_index(ifname)
-        .unwrap_or_else(|| panic!("${var}={s}: no interface {ifname}"));
-    SocketAddr::V6(SocketAddrV6::new(ip, port, 0, scope))
-}
-
-/// Whether `EVCHAN_ROLE` is `role`; prints the skip line when not.
-fn role_is(role: &str) -> bool {
-    match std::env::var("EVCHAN_ROLE") {
-        Ok(r) if r == role => true,
-        r => {
-            let current = std::thread::current();
-            eprintln!(
-                "skipping {}: EVCHAN_ROLE={r:?}, not {role:?} (a two-host test: run it with \
-                 `cargo xtask vm --hosts 2`, see this file's docs)",
-                current.name().unwrap_or("<unnamed test>")
-            );
-            false
-        }
-    }
-}
 
 fn msg(c: u32, i: u32, dir: u8) -> Bytes {
     let len = 9 + ((c * 31 + i * 17) % 2000) as usize;

@@ -32,13 +32,16 @@ const WIRE_CUT_PORT: u16 = 7481;
 const KEEPALIVE: Duration = Duration::from_secs(1);
 /// The transport's retries (the connecting side's value counts for both QPs).
 const RETRIES: u8 = 2;
-/// The reliable connection's local ACK timeout as rdma_cm sets it over RoCE on the VMs' kernel
-/// (an upper estimate; measured by `wire_cut_client`, see docs/RELIABILITY.md).
-const ACK_TIMEOUT: Duration = Duration::from_millis(2200);
+/// The reliable connection's local ACK timeout as rdma_cm sets it over RoCE on the VMs'
+/// kernel (Debian 6.1): the path's packet lifetime `CMA_IBOE_PACKET_LIFETIME` (18) plus one,
+/// 4.096 µs × 2^19 = 2.147 s. `wire_cut_client` measures it: a send over the cut wire fails
+/// after at most `RETRIES + 1` of them (rxe's timer is not reset by ACKs, so the first may be
+/// shorter).
+const ACK_TIMEOUT: Duration = Duration::from_nanos(4096 << 19);
 /// From a fault to the error of every pending operation: the keepalive's wait, then the first
 /// send and its retries, each after the ACK timeout, plus 2 s for TCG's slow timers.
-const BOUND: Duration = Duration::from_millis(
-    KEEPALIVE.as_millis() as u64 + (RETRIES as u64 + 1) * ACK_TIMEOUT.as_millis() as u64 + 2000,
+const BOUND: Duration = Duration::from_nanos(
+    KEEPALIVE.as_nanos() as u64 + (RETRIES as u64 + 1) * (4096 << 19) + 2_000_000_000,
 );
 /// How long VM b may take to boot and connect.
 const BOOT: Duration = Duration::from_secs(120);
