@@ -1,5 +1,6 @@
-//! Two hosts, faults: the peer's VM killed, and the wire between the VMs cut and restored
-//! (issue 11; `docs/RELIABILITY.md`, "Two hosts"). Each fault is a pair of tests, `NAME_server`
+//! Two hosts, faults: the peer's VM killed, and the wire between the VMs cut and restored, on
+//! the async API, and the cut wire on a core RC connection (issue 11; `docs/RELIABILITY.md`,
+//! "Two hosts"). Each fault is a pair of tests, `NAME_server`
 //! in VM a and `NAME_client` in VM b, in one two-VM boot of its own; the tests ask the VM runner
 //! for the fault themselves (`evchan-vm-fault`, see `crates/xtask/src/vm/fault.sh`). Run them
 //! with `cargo xtask test` (which runs and counts every pair), or one pair by hand:
@@ -21,13 +22,16 @@ mod two_host;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use evchan::core::verbs::WcStatus;
+use evchan::core::cm::{ConnParam, EventKind, PortSpace};
+use evchan::core::verbs::{CompChannel, Cq, Pd, QpInit, WcStatus, WorkCompletion};
+use evchan::core::{CmEvent, CmId, EventChannel};
 use evchan::{Config, Connection, Error, Listener, Lost};
 use support::{step, user_rdma_resources};
 use two_host::{carrier, env_addr, fault, role_is, wait_for};
 
 const PEER_KILLED_PORT: u16 = 7480;
 const WIRE_CUT_PORT: u16 = 7481;
+const CORE_PORT: u16 = 7482;
 /// The keepalive interval of both sides.
 const KEEPALIVE: Duration = Duration::from_secs(1);
 /// The transport's retries (the connecting side's value counts for both QPs).
@@ -391,4 +395,130 @@ async fn wire_cut_client() {
         Some(&b"welcome back"[..])
     );
     step("close", conn.close()).await;
+}
+
+/// The core's own view of a cut wire: a connected RC QP of `evchan_core` (caller's PD and CQ),
+/// with `retry_count` [`RETRIES`]; see [`core_wire_cut_client`].
+fn core_event<'ch>(ch: &'ch EventChannel, kind: EventKind, within: Duration) -> CmEvent<'ch> {
+    let ev = ch
+        .get_event_timeout(within)
+        .unwrap()
+        .unwrap_or_else(|| panic!("no {kind:?} within {within:?}"));
+    assert_eq!(ev.kind(), kind, "{ev:?}");
+    ev
+}
+
+/// The one completion of `cq` within `within`.
+fn core_completion(cq: &Cq<'_>, within: Duration) -> WorkCompletion {
+    let mut got = Vec::new();
+    let n = cq.wait(Some(within), |wc| got.push(wc)).unwrap();
+    assert_eq!(n, 1, "one completion within {within:?}: {got:?}");
+    got[0]
+}
+
+/// VM a: a core listener; accepts VM b's connection with one receive posted, takes VM b's
+/// first message, then waits until the wire was cut and restored (see
+/// [`core_wire_cut_client`]).
+#[test]
+fn core_wire_cut_server() {
+    require_device!();
+    if !role_is("server") {
+        return;
+    }
+    let me = env_addr("EVCHAN_SELF", CORE_PORT);
+    let ch = EventChannel::new().unwrap();
+    let _listening = CmId::new(&ch, PortSpace::Tcp)
+        .unwrap()
+        .bind(me)
+        .unwrap()
+        .listen(8)
+        .unwrap();
+    let mut ev = core_event(&ch, EventKind::ConnectRequest, BOOT);
+    let id = ev.take_request().expect("the request's id");
+    ev.ack();
+    let ctx = id.context().unwrap();
+    let pd = Pd::new(&ctx).unwrap();
+    let comp = CompChannel::new(&ctx).unwrap();
+    let cq = Cq::new(&comp, 16).unwrap();
+    let mut id = id;
+    id.create_qp_with(&pd, &cq, &cq, &QpInit::new()).unwrap();
+    let rx = id
+        .post_recv(pd.reg_mr(vec![0u8; 64]).unwrap(), 0..64)
+        .unwrap();
+    let id = id.accept(&ConnParam::new()).unwrap();
+    let ev = core_event(&ch, EventKind::Established, Duration::from_secs(30));
+    let _id = id.established(&ev).unwrap();
+    ev.ack();
+    let wc = core_completion(&cq, Duration::from_secs(30));
+    assert_eq!(wc.status(), WcStatus::Success, "{wc:?}");
+    assert_eq!(wc.byte_len(), 64);
+    drop(rx.complete(&wc).expect("the receive's completion"));
+    let until = Instant::now() + BOOT;
+    while carrier("eth0") {
+        assert!(Instant::now() < until, "VM b did not cut the wire");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    while !carrier("eth0") {
+        assert!(Instant::now() < until, "VM b did not restore the wire");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    eprintln!("core_wire_cut_server: the wire was cut and restored");
+}
+
+/// VM b: a core RC connection to VM a with `retry_count` [`RETRIES`], on its own PD and CQ;
+/// one send completes with success; then the wire is cut (both ends) and the next send
+/// completes with `RetryExceeded` within `(RETRIES + 1)` ACK timeouts (plus 2 s for TCG).
+#[test]
+fn core_wire_cut_client() {
+    require_device!();
+    if !role_is("client") {
+        return;
+    }
+    let server = env_addr("EVCHAN_PEER", CORE_PORT);
+    let ch = EventChannel::new().unwrap();
+    let id = CmId::new(&ch, PortSpace::Tcp)
+        .unwrap()
+        .resolve_addr(None, server, Duration::from_secs(5))
+        .unwrap();
+    let ev = core_event(&ch, EventKind::AddrResolved, Duration::from_secs(30));
+    let id = id.addr_resolved(&ev).unwrap();
+    ev.ack();
+    let ctx = id.context().unwrap();
+    let pd = Pd::new(&ctx).unwrap();
+    let comp = CompChannel::new(&ctx).unwrap();
+    let cq = Cq::new(&comp, 16).unwrap();
+    let id = id.resolve_route(Duration::from_secs(5)).unwrap();
+    let ev = core_event(&ch, EventKind::RouteResolved, Duration::from_secs(30));
+    let mut id = id.route_resolved(&ev).unwrap();
+    ev.ack();
+    id.create_qp_with(&pd, &cq, &cq, &QpInit::new()).unwrap();
+    let id = id.connect(&ConnParam::new().retry_count(RETRIES)).unwrap();
+    let ev = core_event(&ch, EventKind::Established, Duration::from_secs(30));
+    let id = id.established(&ev).unwrap();
+    ev.ack();
+
+    let tx = id
+        .post_send(pd.reg_mr(vec![1u8; 64]).unwrap(), 0..64, None)
+        .unwrap();
+    let wc = core_completion(&cq, Duration::from_secs(30));
+    assert_eq!(wc.status(), WcStatus::Success, "{wc:?}");
+    let mr = tx.complete(&wc).expect("the send's completion");
+
+    fault("link off");
+    let tx = id.post_send(mr, 0..64, None).unwrap();
+    let sent = Instant::now();
+    let bound = ACK_TIMEOUT * (u32::from(RETRIES) + 1) + Duration::from_secs(2);
+    let wc = core_completion(&cq, bound);
+    let took = sent.elapsed();
+    assert_eq!(wc.status(), WcStatus::RetryExceeded, "{wc:?}");
+    drop(tx.complete(&wc));
+    eprintln!(
+        "core_wire_cut_client: the send over the cut wire completed with {:?} after {} ms \
+         (bound {} ms)",
+        wc.status(),
+        took.as_millis(),
+        bound.as_millis()
+    );
+    assert!(took <= bound);
+    fault("link on");
 }
