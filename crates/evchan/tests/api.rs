@@ -37,6 +37,8 @@ fn bad_configuration_is_a_typed_error() {
         Config::new().send_depth(1 << 20),
         Config::new().max_message(0),
         Config::new().backlog(0),
+        Config::new().retry_count(7),
+        Config::new().keepalive(Some(std::time::Duration::ZERO)),
     ] {
         let e = rt
             .block_on(Connection::builder().config(config.clone()).connect(addr))
