@@ -3,12 +3,15 @@
 //! connection setup times, the round-trip latency percentiles and the message rate.
 //!
 //! ```text
-//! echo_client [--addr IP:PORT] [--busy-poll-us N] [--connections N] [--messages M] [--size BYTES]
+//! echo_client [--addr IP:PORT] [--busy-poll-us N] [--current-thread] [--connections N] [--messages M] [--size BYTES]
 //! ```
 //!
 //! Defaults: 169.254.77.1:7471 (the soft-RoCE VM's address), 4 connections, 250 messages of
 //! 64 bytes each. Start `echo_server` first (the first connect waits up to 10 s for it to
 //! listen); `cargo xtask demo` runs both in the VM.
+//!
+//! The application's tasks run on tokio's multi-thread runtime; `--current-thread` runs them on
+//! a current-thread runtime instead (to compare: docs/latency-notes.md).
 
 use std::net::SocketAddr;
 use std::process::ExitCode;
@@ -20,18 +23,22 @@ use hdrhistogram::Histogram;
 struct Args {
     addr: SocketAddr,
     busy_poll_us: Option<u64>,
+    current_thread: bool,
     connections: usize,
     messages: u64,
     size: usize,
 }
 
+const NAME: &str = "echo_client";
+
 const USAGE: &str =
-    "usage: echo_client [--addr IP:PORT] [--busy-poll-us N] [--connections N] [--messages M] [--size BYTES]";
+    "usage: echo_client [--addr IP:PORT] [--busy-poll-us N] [--current-thread] [--connections N] [--messages M] [--size BYTES]";
 
 fn parse_args() -> Result<Args, String> {
     let mut args = Args {
         addr: SocketAddr::from(([169, 254, 77, 1], 7471)),
         busy_poll_us: None,
+        current_thread: false,
         connections: 4,
         messages: 250,
         size: 64,
@@ -43,6 +50,7 @@ fn parse_args() -> Result<Args, String> {
         match flag.as_str() {
             "--addr" => args.addr = value()?.parse().map_err(|e| bad(&e))?,
             "--busy-poll-us" => args.busy_poll_us = Some(value()?.parse().map_err(|e| bad(&e))?),
+            "--current-thread" => args.current_thread = true,
             "--connections" => args.connections = value()?.parse().map_err(|e| bad(&e))?,
             "--messages" => args.messages = value()?.parse().map_err(|e| bad(&e))?,
             "--size" => args.size = value()?.parse().map_err(|e| bad(&e))?,
@@ -58,8 +66,7 @@ fn parse_args() -> Result<Args, String> {
     Ok(args)
 }
 
-#[tokio::main]
-async fn main() -> ExitCode {
+fn main() -> ExitCode {
     let args = match parse_args() {
         Ok(a) => a,
         Err(e) => {
@@ -67,6 +74,26 @@ async fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    // evchan's shard threads do the RDMA work; this runtime only runs the application's
+    // tasks. Woken from a shard, a multi-thread runtime's worker also wakes a second worker;
+    // a current-thread runtime does not (docs/latency-notes.md).
+    let rt = if args.current_thread {
+        tokio::runtime::Builder::new_current_thread()
+    } else {
+        tokio::runtime::Builder::new_multi_thread()
+    }
+    .enable_all()
+    .build();
+    match rt {
+        Ok(rt) => rt.block_on(serve(args)),
+        Err(e) => {
+            eprintln!("{NAME}: no tokio runtime: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn serve(args: Args) -> ExitCode {
     match run(&args).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

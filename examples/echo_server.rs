@@ -2,12 +2,15 @@
 //! closes. One task per connection; one line per connection when it ends.
 //!
 //! ```text
-//! echo_server [--addr IP:PORT] [--busy-poll-us N] [--exit-after N] [--max-message BYTES]
+//! echo_server [--addr IP:PORT] [--busy-poll-us N] [--current-thread] [--exit-after N] [--max-message BYTES]
 //! ```
 //!
 //! `--addr` must be an address of an RDMA port (default 169.254.77.1:7471, the soft-RoCE VM's);
 //! `--exit-after N` accepts N connections, serves them to their end and exits (without it the
 //! server runs until killed). `cargo xtask demo` runs it with `echo_client` in the VM.
+//!
+//! The application's tasks run on tokio's multi-thread runtime; `--current-thread` runs them on
+//! a current-thread runtime instead (to compare: docs/latency-notes.md).
 
 use std::net::SocketAddr;
 use std::process::ExitCode;
@@ -18,17 +21,21 @@ use evchan::{Config, Listener};
 struct Args {
     addr: SocketAddr,
     busy_poll_us: Option<u64>,
+    current_thread: bool,
     exit_after: Option<u64>,
     max_message: u32,
 }
 
+const NAME: &str = "echo_server";
+
 const USAGE: &str =
-    "usage: echo_server [--addr IP:PORT] [--busy-poll-us N] [--exit-after N] [--max-message BYTES]";
+    "usage: echo_server [--addr IP:PORT] [--busy-poll-us N] [--current-thread] [--exit-after N] [--max-message BYTES]";
 
 fn parse_args() -> Result<Args, String> {
     let mut args = Args {
         addr: SocketAddr::from(([169, 254, 77, 1], 7471)),
         busy_poll_us: None,
+        current_thread: false,
         exit_after: None,
         max_message: 4096,
     };
@@ -39,6 +46,7 @@ fn parse_args() -> Result<Args, String> {
         match flag.as_str() {
             "--addr" => args.addr = value()?.parse().map_err(|e| bad(&e))?,
             "--busy-poll-us" => args.busy_poll_us = Some(value()?.parse().map_err(|e| bad(&e))?),
+            "--current-thread" => args.current_thread = true,
             "--exit-after" => args.exit_after = Some(value()?.parse().map_err(|e| bad(&e))?),
             "--max-message" => args.max_message = value()?.parse().map_err(|e| bad(&e))?,
             "-h" | "--help" => return Err(USAGE.to_owned()),
@@ -48,8 +56,7 @@ fn parse_args() -> Result<Args, String> {
     Ok(args)
 }
 
-#[tokio::main]
-async fn main() -> ExitCode {
+fn main() -> ExitCode {
     let args = match parse_args() {
         Ok(a) => a,
         Err(e) => {
@@ -57,6 +64,26 @@ async fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    // evchan's shard threads do the RDMA work; this runtime only runs the application's
+    // tasks. Woken from a shard, a multi-thread runtime's worker also wakes a second worker;
+    // a current-thread runtime does not (docs/latency-notes.md).
+    let rt = if args.current_thread {
+        tokio::runtime::Builder::new_current_thread()
+    } else {
+        tokio::runtime::Builder::new_multi_thread()
+    }
+    .enable_all()
+    .build();
+    match rt {
+        Ok(rt) => rt.block_on(serve(args)),
+        Err(e) => {
+            eprintln!("{NAME}: no tokio runtime: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn serve(args: Args) -> ExitCode {
     let config = Config::new()
         .max_message(args.max_message)
         .busy_poll(args.busy_poll_us.map(std::time::Duration::from_micros));
