@@ -1,24 +1,30 @@
-//! Device test: the RDMA device is removed (`rdma link delete rxe0`) under live listeners and
-//! connections of the async API; then it is added again and the API works on it.
+//! Device tests: the RDMA device is removed (`rdma link delete rxe0`) under live listeners and
+//! connections of the async API.
 //!
-//! What it asserts: pending `accept`, `recv` and `send` return `ConnectionLost(DeviceRemoved)`;
-//! `rdma link delete` completes (within [`DELETE_DEADLINE`]: soft-RoCE cannot disassociate user
-//! contexts, so it waits until evchan has destroyed every id and closed the device, and a hang
-//! fails the test); no cm_id, QP, CQ, MR or PD of the process is left; after
-//! `rdma link add rxe0 type rxe netdev dummy0` a new listener and connection carry messages.
+//! `device_removed_under_live_connections`: pending `accept`, `recv` and `send` return
+//! `ConnectionLost(DeviceRemoved)`; `rdma link delete` completes (within [`DELETE_DEADLINE`]:
+//! soft-RoCE cannot disassociate user contexts, so it waits until evchan has destroyed every id
+//! and closed the device, and a hang fails the test); no cm_id, QP, CQ, MR or PD of the process
+//! is left; after `rdma link add rxe0 type rxe netdev dummy0` a new listener and connection
+//! carry messages.
 //!
-//! Two things need a second process and a second device:
+//! It needs a second process and a second device:
 //! - librdmacm closes its context of a removed device only when it lists the devices and
 //!   finds that one gone (`sync_devices_list` in rdma-core's `librdmacm/cma.c`), and that
 //!   listing fails with `ENODEV` before it compares anything when no device is left. So the
 //!   test adds `rxe1` on `dummy1` for the duration: with it, the removal of `rxe0` completes.
-//!   (With a single device, removing it waits until the process exits: `docs/RELIABILITY.md`.)
 //! - librdmacm then still holds `rxe1` open until the process exits, so the device work runs
-//!   in a child process (this same test binary, this same test, `EVCHAN_REMOVAL_CHILD=1`);
-//!   the parent never opens a device, and removes `rxe1` and `dummy1` after the child ended.
+//!   in a child process (this same test binary, this same test, `EVCHAN_REMOVAL_CHILD`); the
+//!   parent never opens a device, and removes `rxe1` and `dummy1` after the child ended.
 //!
-//! The parent restores `rxe0` whatever happens (like evchan-core's `device_removal` test).
-//! This binary holds this one test only, since it takes the device away for a moment.
+//! `last_device_removed_waits_for_the_process`: with `rxe0` the only device, the same removal
+//! still fails everything pending with `DeviceRemoved` at once, but `rdma link delete` stays
+//! blocked while the process lives (librdmacm keeps its context of the last device, see
+//! above); it completes once the process has exited. The test asserts both, so that a
+//! librdmacm that changes this is noticed.
+//!
+//! The parent restores `rxe0` whatever happens (like evchan-core's `device_removal` test). The
+//! two tests take turns (they take the device away); this binary holds nothing else.
 
 mod support;
 
@@ -36,6 +42,11 @@ const NETDEV: &str = "dummy0";
 const SPARE: &str = "rxe1";
 const SPARE_NETDEV: &str = "dummy1";
 const CHILD_ENV: &str = "EVCHAN_REMOVAL_CHILD";
+/// How long `rdma link delete` of the last device is watched to stay blocked.
+const BLOCKED_FOR: Duration = Duration::from_secs(3);
+
+/// The two tests take the device away in turn.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
 /// How long `rdma link delete` may take before the test fails.
 const DELETE_DEADLINE: Duration = Duration::from_secs(60);
 /// How long the child may take in all.
@@ -54,8 +65,9 @@ fn wait_for(child: &mut Child, deadline: Duration, what: &str) -> ExitStatus {
             return status;
         }
         if start.elapsed() > deadline {
+            // Not waited for: a process blocked in the kernel (`rdma link delete` waiting
+            // for the device's users) takes SIGKILL only once it returns there.
             let _ = child.kill();
-            let _ = child.wait();
             panic!("{what} did not finish within {deadline:?}");
         }
         std::thread::sleep(Duration::from_millis(20));
@@ -110,23 +122,56 @@ impl Drop for Cleanup {
     }
 }
 
-#[test]
-fn device_removed_under_live_connections() {
-    if std::env::var(CHILD_ENV).is_ok_and(|v| v == "1") {
-        support::init_log();
-        return tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .unwrap()
-            .block_on(child());
-    }
+/// Runs `body` on a tokio runtime of two workers (in the child process).
+fn block_on(body: impl std::future::Future<Output = ()>) {
+    support::init_log();
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(body);
+}
+
+/// Whether this process is the child of `test`.
+fn is_child(test: &str) -> bool {
+    std::env::var(CHILD_ENV).is_ok_and(|v| v == test)
+}
+
+/// Runs `test` in a child process (within [`CHILD_DEADLINE`]), asserting that it passed.
+fn run_child(test: &str) {
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args([test, "--exact", "--nocapture", "--test-threads", "1"])
+        .env(CHILD_ENV, test)
+        .spawn()
+        .unwrap();
+    let status = wait_for(&mut child, CHILD_DEADLINE, "the child process");
+    assert!(status.success(), "the child process failed: {status}");
+}
+
+/// `false` after a skip line when the VM's rxe link is not there.
+fn have_rxe0() -> bool {
     if !exists(DEVICE) || evchan_core::if_index(NETDEV).is_none() {
         support::skip(&format!(
             "no {DEVICE} on {NETDEV} (this test deletes and restores the VM's rxe link)"
         ));
+        return false;
+    }
+    true
+}
+
+#[test]
+fn device_removed_under_live_connections() {
+    const TEST: &str = "device_removed_under_live_connections";
+    if is_child(TEST) {
+        return block_on(child());
+    }
+    if !have_rxe0() {
         return;
     }
+    let _serial = SERIAL
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     let _cleanup = Cleanup;
     assert!(
         !exists(SPARE) && evchan_core::if_index(SPARE_NETDEV).is_none(),
@@ -156,14 +201,93 @@ fn device_removed_under_live_connections() {
     ] {
         assert!(run(args), "{}", args.join(" "));
     }
-    let test = "device_removed_under_live_connections";
-    let mut child = Command::new(std::env::current_exe().unwrap())
-        .args([test, "--exact", "--nocapture", "--test-threads", "1"])
-        .env(CHILD_ENV, "1")
+    run_child(TEST);
+}
+
+#[test]
+fn last_device_removed_waits_for_the_process() {
+    const TEST: &str = "last_device_removed_waits_for_the_process";
+    if is_child(TEST) {
+        return block_on(last_device_child());
+    }
+    if !have_rxe0() {
+        return;
+    }
+    let _serial = SERIAL
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let _cleanup = Cleanup;
+    let devices: Vec<_> = std::fs::read_dir("/sys/class/infiniband")
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name())
+        .collect();
+    assert_eq!(devices, [DEVICE], "rxe0 is the only RDMA device");
+    run_child(TEST);
+    // The child has exited: its `rdma link delete` (orphaned) completes now.
+    let exited = Instant::now();
+    while exists(DEVICE) {
+        assert!(
+            exited.elapsed() < DELETE_DEADLINE,
+            "{DEVICE} still there {DELETE_DEADLINE:?} after the process exited"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    eprintln!(
+        "{DEVICE} gone {:?} after the process exited",
+        exited.elapsed()
+    );
+}
+
+async fn last_device_child() {
+    let listener = step("bind", Listener::bind(v4(port(5)), Config::new()))
+        .await
+        .unwrap();
+    let addr = listener.local_addr();
+    let connect = tokio::spawn(Connection::connect(addr));
+    let incoming = step("accept", listener.accept()).await.unwrap();
+    let mut server = step("accept", incoming.accept(b"")).await.unwrap();
+    let client = step("connect", connect).await.unwrap().unwrap();
+    let receiving = tokio::spawn(async move {
+        let r = server.recv().await;
+        (r, server)
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+
+    let start = Instant::now();
+    let mut delete = Command::new("rdma")
+        .args(["link", "delete", DEVICE])
         .spawn()
         .unwrap();
-    let status = wait_for(&mut child, CHILD_DEADLINE, "the child process");
-    assert!(status.success(), "the child process failed: {status}");
+    let (r, server) = step("pending recv", receiving).await.unwrap();
+    assert!(removed(&r), "recv: {r:?}");
+    let answered = start.elapsed();
+    let r = client.send("after").await;
+    assert!(removed(&r), "send: {r:?}");
+    let r = listener.accept().await.map(|_| ());
+    assert!(removed(&r), "accept: {r:?}");
+    drop((server, client, listener));
+    tokio::task::spawn_blocking(wait_runtime_gone)
+        .await
+        .unwrap();
+    // No new runtime: the device is not listed any more (librdmacm lists no device at all).
+    let r = Listener::bind(v4(port(6)), Config::new()).await;
+    assert!(
+        matches!(&r, Err(e) if e.is_no_device()),
+        "bind after the removal: {:?}",
+        r.map(|l| l.local_addr())
+    );
+    tokio::time::sleep(BLOCKED_FOR).await;
+    assert!(
+        delete.try_wait().unwrap().is_none(),
+        "rdma link delete of the last device completed while the process lives: librdmacm \
+         now closes the last device's context (update docs/RELIABILITY.md and this test)"
+    );
+    eprintln!(
+        "last device: pending operations answered after {answered:?}; rdma link delete still \
+         blocked {:?} after it started, as librdmacm keeps the context",
+        start.elapsed()
+    );
 }
 
 /// User-space entries of `rdma resource show KIND` for each kind that has any.
