@@ -1519,14 +1519,16 @@ impl Shard<'_, '_> {
             if let Some(reply) = c.reply.take() {
                 let _ = reply.send(Err(Error::ConnectionLost(Lost::DeviceRemoved)));
             }
+            // Sends fail before the receive half learns it: a task that saw the loss in
+            // `recv` then gets it from `send` too.
+            if let Some(shared) = &c.shared {
+                shared.end(SendEnd::Lost(Lost::DeviceRemoved));
+            }
             if !c.ended {
                 c.ended = true;
                 if let Some(inbox) = &c.inbox {
                     let _ = inbox.send(Delivery::Lost(Lost::DeviceRemoved));
                 }
-            }
-            if let Some(shared) = &c.shared {
-                shared.end(SendEnd::Lost(Lost::DeviceRemoved));
             }
             self.release(conn, c);
         }
