@@ -49,6 +49,9 @@ static RETIRING: AtomicUsize = AtomicUsize::new(0);
 #[derive(Debug, Default)]
 pub(crate) struct Removal {
     retired: AtomicBool,
+    /// The runtime thread has reached step 3 (or had nothing to do): a retirement after that
+    /// would never be let go of, so there is none. Set and read under `names`' lock.
+    ended: AtomicBool,
     /// Names of the devices whose removal was seen.
     names: Mutex<Vec<String>>,
     /// Names of the devices the runtime opened.
@@ -68,13 +71,13 @@ impl Removal {
     /// Notes the removal of `device` (when known) and marks the runtime retired; `true` the
     /// first time.
     pub(super) fn retire(&self, device: Option<&str>) -> bool {
+        let mut names = self.names.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some(name) = device {
-            let mut names = self.names.lock().unwrap_or_else(PoisonError::into_inner);
             if !names.iter().any(|n| n == name) {
                 names.push(name.to_owned());
             }
         }
-        if self.retired.swap(true, Ordering::AcqRel) {
+        if self.ended.load(Ordering::Acquire) || self.retired.swap(true, Ordering::AcqRel) {
             return false;
         }
         RETIRING.fetch_add(1, Ordering::AcqRel);
@@ -119,7 +122,12 @@ impl Runtime {
 /// librdmacm's devices until one of the removed devices (or, when no name was seen, of those
 /// the runtime opened) is no longer listed, at most [`SWEEP_LIMIT`].
 pub(super) fn let_go(removal: &Removal) {
-    if !removal.is_retired() {
+    let retired = {
+        let _names = removal.names.lock().unwrap_or_else(PoisonError::into_inner);
+        removal.ended.store(true, Ordering::Release);
+        removal.is_retired()
+    };
+    if !retired {
         return;
     }
     let start = Instant::now();
