@@ -48,7 +48,10 @@ pub enum Lost {
     /// A verbs call on the connection failed.
     #[error("{0}")]
     Verbs(String),
-    /// The RDMA device went away (`DEVICE_REMOVAL`).
+    /// An RDMA device went away (`DEVICE_REMOVAL`, or its verbs device node vanished). Every
+    /// listener and connection of the runtime fails with it — those on other devices too —
+    /// and their resources are released at once, so that the device can go; new handles start
+    /// a fresh runtime (see `docs/RELIABILITY.md`).
     #[error("the RDMA device was removed")]
     DeviceRemoved,
     /// This side closed the connection.

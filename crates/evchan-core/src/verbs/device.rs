@@ -177,7 +177,11 @@ impl Context {
     /// `rdma_get_devices` error otherwise.
     #[doc(alias = "rdma_get_devices")]
     pub fn rdma_cm_devices() -> Result<Vec<Self>> {
-        let raw = ffi::Context::all_cm_devices().map_err(Error::io("rdma_get_devices"))?;
+        let raw = match ffi::Context::all_cm_devices() {
+            // librdmacm's answer when it lists no device (e.g. the last one was removed).
+            Err(e) if e.raw_os_error() == Some(libc::ENODEV) => return Err(Error::NoDevice),
+            r => r.map_err(Error::io("rdma_get_devices"))?,
+        };
         if raw.is_empty() {
             return Err(Error::NoDevice);
         }

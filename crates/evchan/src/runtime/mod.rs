@@ -15,6 +15,7 @@
 //! channels, PDs, contexts, then event channels.
 
 mod conn;
+mod removal;
 mod shard;
 
 use std::net::SocketAddr;
@@ -74,6 +75,8 @@ pub(crate) enum Cmd {
         conn: ConnId,
         reply: Option<oneshot::Sender<()>>,
     },
+    /// A device was removed: the shard fails everything it has and ends (see `removal`).
+    DeviceRemoved,
 }
 
 /// What arrives at a connection's receive half.
@@ -152,6 +155,7 @@ pub(crate) struct Runtime {
     shards: Vec<mpsc::UnboundedSender<Cmd>>,
     next_shard: std::sync::atomic::AtomicUsize,
     next_conn: std::sync::atomic::AtomicU64,
+    removal: Arc<removal::Removal>,
 }
 
 /// A handle's way to its shard: it keeps the whole runtime alive.
@@ -178,6 +182,10 @@ impl Runtime {
     pub(crate) fn shared(config: &Config) -> Result<Arc<Runtime>> {
         config.validate()?;
         let mut all = RUNTIMES.lock().unwrap_or_else(PoisonError::into_inner);
+        if removal::retiring() {
+            // A runtime is letting go of a removed device; a new one would open it again.
+            return Err(Error::ConnectionLost(Lost::DeviceRemoved));
+        }
         all.retain(|(_, w)| w.strong_count() > 0);
         let key = (config.shards, config.cq_entries, config.busy_poll);
         if let Some(rt) = all
@@ -198,12 +206,17 @@ impl Runtime {
             shards: txs,
             next_shard: std::sync::atomic::AtomicUsize::new(0),
             next_conn: std::sync::atomic::AtomicU64::new(1),
+            removal: Arc::default(),
         });
         let weak = Arc::downgrade(&rt);
+        let removal = rt.removal.clone();
         let (ready_tx, ready_rx) = std::sync::mpsc::channel();
         std::thread::Builder::new()
             .name("evchan-rt".into())
-            .spawn(move || run(rxs, &weak, cq_entries, busy_poll, &ready_tx))?;
+            .spawn(move || {
+                run(rxs, &weak, cq_entries, busy_poll, &ready_tx, &removal);
+                removal::let_go(&removal);
+            })?;
         match ready_rx.recv() {
             Ok(Ok(())) => Ok(rt),
             Ok(Err(e)) => Err(e),
@@ -249,6 +262,7 @@ fn run(
     cq_entries: u32,
     busy_poll: Option<std::time::Duration>,
     ready: &std::sync::mpsc::Sender<Result<()>>,
+    removal: &removal::Removal,
 ) {
     // Declaration order is the reverse of drop order: event channels last (their ids are gone
     // by then), CQs before their completion channels, PDs before their contexts.
@@ -295,6 +309,7 @@ fn run(
     let (peer_txs, peer_rxs): (Vec<_>, Vec<_>) =
         (0..rxs.len()).map(|_| mpsc::unbounded_channel()).unzip();
     std::thread::scope(|scope| {
+        let mut threads = Vec::new();
         for (k, ((rx, peer_rx), cqs)) in rxs.into_iter().zip(peer_rxs).zip(&cqs).enumerate() {
             let env = shard::Env {
                 index: k,
@@ -307,16 +322,21 @@ fn run(
                 busy_poll,
                 rt: rt.clone(),
                 peers: peer_txs.clone(),
+                removal,
             };
             let spawned = std::thread::Builder::new()
                 .name(format!("evchan-shard-{k}"))
                 .spawn_scoped(scope, move || shard::run(env, rx, peer_rx));
-            if let Err(e) = spawned {
-                tracing::error!("evchan: cannot start shard {k}: {e}");
+            match spawned {
+                Ok(t) => threads.push(t),
+                Err(e) => tracing::error!("evchan: cannot start shard {k}: {e}"),
             }
         }
         drop(peer_txs);
+        removal::watch(&threads, &names, rt, removal);
     });
+    removal.opened(&names);
     // Dropped in reverse declaration order: CQs, completion channels, PDs, contexts, event
-    // channels.
+    // channels. After a device removal, `Runtime::start`'s thread then waits for librdmacm to
+    // close its own context of the device (`removal::let_go`).
 }

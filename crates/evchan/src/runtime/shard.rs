@@ -45,6 +45,7 @@ pub(super) struct Env<'s, 'c> {
     pub(super) busy_poll: Option<Duration>,
     pub(super) rt: Weak<Runtime>,
     pub(super) peers: Vec<mpsc::UnboundedSender<Migrated<'s>>>,
+    pub(super) removal: &'s super::removal::Removal,
 }
 
 /// A request migrated here from the listener's shard.
@@ -112,6 +113,8 @@ struct Shard<'s, 'c> {
     /// Connections with something to send.
     dirty: Vec<ConnId>,
     closed_rx: bool,
+    /// A device was removed: everything here has failed, and the shard ends.
+    retired: bool,
 }
 
 pub(super) fn run<'s, 'c>(
@@ -163,11 +166,18 @@ async fn drive<'s, 'c>(
         wcs: Vec::with_capacity(POLL_BATCH),
         dirty: Vec::new(),
         closed_rx: false,
+        retired: false,
     };
     for d in 0..shard.env.cqs.len() {
         shard.arm_and_poll(d);
     }
     loop {
+        if shard.retired {
+            while let Ok(cmd) = rx.try_recv() {
+                refuse_removed(cmd);
+            }
+            break;
+        }
         if shard.closed_rx && shard.conns.is_empty() && shard.listeners.is_empty() {
             break;
         }
@@ -327,6 +337,7 @@ impl<'s, 'c> Shard<'s, 'c> {
                 }
             }
             Cmd::Close { conn, reply } => self.close(conn, reply),
+            Cmd::DeviceRemoved => self.retire(),
         }
     }
 
@@ -491,6 +502,11 @@ impl<'s, 'c> Shard<'s, 'c> {
 
     fn on_cm_event(&mut self, mut event: CmEvent<'s>) {
         let kind = event.kind();
+        if kind == EventKind::DeviceRemoval {
+            let id = event.id();
+            drop(event);
+            return self.on_device_removal(id);
+        }
         if kind == EventKind::ConnectRequest {
             let Some(listener) = event.listener().and_then(|k| self.listener_keys.get(&k)) else {
                 return;
@@ -1459,5 +1475,90 @@ impl<'s> PathTarget<'_, 's> {
             PathTarget::Routed(id) => id.post_recv_slot(&path.recv_mr, slot),
             PathTarget::Requested(id) => id.post_recv_slot(&path.recv_mr, slot),
         }
+    }
+}
+
+// -------------------------------------------------------------------------------------------
+// Device removal (see `super::removal`)
+// -------------------------------------------------------------------------------------------
+
+impl Shard<'_, '_> {
+    /// `DEVICE_REMOVAL` on the id `key` (its event already acked): every runtime of the
+    /// process retires, this shard at once.
+    fn on_device_removal(&mut self, key: IdKey) {
+        let device = self
+            .by_key
+            .get(&key)
+            .and_then(|conn| self.conns.get(conn))
+            .and_then(|c| c.path.as_ref())
+            .map(|p| self.env.names[p.dev].clone());
+        tracing::debug!(
+            ?device,
+            listener = self.listener_keys.contains_key(&key),
+            "DEVICE_REMOVAL"
+        );
+        match self.runtime() {
+            Some(rt) => rt.device_removed(device.as_deref()),
+            None => {
+                self.env.removal.retire(device.as_deref());
+            }
+        }
+        self.retire();
+    }
+
+    /// Fails every listener and connection of the shard with [`Lost::DeviceRemoved`] and
+    /// destroys their ids, QPs and memory regions now; the shard then ends.
+    fn retire(&mut self) {
+        if self.retired {
+            return;
+        }
+        self.retired = true;
+        // A listener's accept() returns ConnectionLost(DeviceRemoved) once its queue is
+        // closed and empty.
+        self.listener_keys.clear();
+        let listeners = std::mem::take(&mut self.listeners);
+        let n_listeners = listeners.len();
+        drop(listeners);
+        let all: Vec<ConnId> = self.conns.keys().copied().collect();
+        let n_conns = all.len();
+        for conn in all {
+            let Some(mut c) = self.remove(conn) else {
+                continue;
+            };
+            if let Some(reply) = c.reply.take() {
+                let _ = reply.send(Err(Error::ConnectionLost(Lost::DeviceRemoved)));
+            }
+            // Sends fail before the receive half learns it: a task that saw the loss in
+            // `recv` then gets it from `send` too.
+            if let Some(shared) = &c.shared {
+                shared.end(SendEnd::Lost(Lost::DeviceRemoved));
+            }
+            if !c.ended {
+                c.ended = true;
+                if let Some(inbox) = &c.inbox {
+                    let _ = inbox.send(Delivery::Lost(Lost::DeviceRemoved));
+                }
+            }
+            self.release(conn, c);
+        }
+        self.dirty.clear();
+        tracing::debug!(
+            listeners = n_listeners,
+            connections = n_conns,
+            "shard retired after a device removal"
+        );
+    }
+}
+
+/// A command that reached a retired shard: what waits for an answer gets one.
+fn refuse_removed(cmd: Cmd) {
+    let removed = || Error::ConnectionLost(Lost::DeviceRemoved);
+    match cmd {
+        Cmd::Connect { reply, .. } | Cmd::Accept { reply, .. } => drop(reply.send(Err(removed()))),
+        Cmd::Listen { reply, .. } => drop(reply.send(Err(removed()))),
+        Cmd::Close {
+            reply: Some(reply), ..
+        } => drop(reply.send(())),
+        _ => {}
     }
 }

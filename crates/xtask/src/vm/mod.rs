@@ -38,6 +38,8 @@ const MODULES: &[&str] = &[
     "rdma_rxe",
     "dummy",
     "veth",
+    // evchan-core's device_events: ADDR_CHANGE comes from a bond's failover.
+    "bonding",
 ];
 const BEGIN: &str = "@@evchan-vm-begin";
 const END: &str = "@@evchan-vm-end";
