@@ -126,6 +126,8 @@ pub(super) struct Conn<'s> {
     pub(super) early: Vec<(Slot, WorkCompletion)>,
     /// CQ entries this connection reserved on its device's CQ.
     pub(super) cq_reserved: u32,
+    /// A listener's half-open ticket, until `ESTABLISHED` (or the connection goes).
+    pub(super) half_open: Option<super::half_open::HalfOpen>,
 }
 
 impl Conn<'_> {
@@ -161,6 +163,7 @@ impl Conn<'_> {
             ended: false,
             early: Vec::new(),
             cq_reserved: 0,
+            half_open: None,
         }
     }
 }

@@ -15,6 +15,7 @@
 //! channels, PDs, contexts, then event channels.
 
 mod conn;
+mod half_open;
 mod shard;
 
 use std::net::SocketAddr;
