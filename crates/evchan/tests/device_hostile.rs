@@ -87,6 +87,9 @@ struct Server {
     addr: SocketAddr,
     hostile: mpsc::UnboundedReceiver<Incoming>,
     accepted_hostile: Arc<AtomicU64>,
+    /// With `accept_all`: the most accepts of such requests in progress at once (each is a
+    /// half-open connection with its QP).
+    max_accepting: Arc<AtomicU64>,
     /// With `accept_all`: how the accepts of requests that are not a good client's ended.
     outcomes: Arc<std::sync::Mutex<std::collections::BTreeMap<String, u32>>>,
     task: tokio::task::JoinHandle<()>,
@@ -99,6 +102,9 @@ async fn server(addr: SocketAddr, config: Config, accept_all: bool) -> Server {
     let counter = accepted_hostile.clone();
     let outcomes = Arc::<std::sync::Mutex<std::collections::BTreeMap<String, u32>>>::default();
     let tally = outcomes.clone();
+    let accepting = Arc::new(AtomicU64::new(0));
+    let max_accepting = Arc::new(AtomicU64::new(0));
+    let (now, max) = (accepting.clone(), max_accepting.clone());
     let task = tokio::spawn(async move {
         while let Ok(incoming) = listener.accept().await {
             if incoming.private_data().starts_with(GOOD) {
@@ -111,8 +117,12 @@ async fn server(addr: SocketAddr, config: Config, accept_all: bool) -> Server {
                 });
             } else if accept_all {
                 let (counter, tally) = (counter.clone(), tally.clone());
+                let (now, max) = (now.clone(), max.clone());
                 tokio::spawn(async move {
-                    let outcome = match incoming.accept(b"").await {
+                    max.fetch_max(now.fetch_add(1, Ordering::SeqCst) + 1, Ordering::SeqCst);
+                    let accepted = incoming.accept(b"").await;
+                    now.fetch_sub(1, Ordering::SeqCst);
+                    let outcome = match accepted {
                         Ok(conn) => {
                             counter.fetch_add(1, Ordering::SeqCst);
                             drop(conn);
@@ -131,6 +141,7 @@ async fn server(addr: SocketAddr, config: Config, accept_all: bool) -> Server {
         addr,
         hostile,
         accepted_hostile,
+        max_accepting,
         outcomes,
         task,
     }
@@ -874,9 +885,14 @@ async fn flood_of_requests_that_never_establish() {
         "flood: {FLOOD} requests in {took:.1?}; at most {max_qps} QPs listed in {samples} samples \
          (2 are the bystander's); {accepted} flood connections established"
     );
+    let max_accepting = server.max_accepting.load(Ordering::SeqCst);
     eprintln!(
-        "flood: the application's accepts: {:?}",
+        "flood: the application's accepts: {:?}, at most {max_accepting} in progress at once",
         server.outcomes.lock().unwrap()
+    );
+    assert!(
+        max_accepting <= u64::from(FLOOD_BACKLOG),
+        "{max_accepting} accepts in progress at once: more half-open connections than the backlog of {FLOOD_BACKLOG}"
     );
     assert!(
         max_qps <= 2 + FLOOD_BACKLOG as usize,
