@@ -123,9 +123,11 @@ impl Config {
     /// How many half-open connections a listener keeps: requests waiting for
     /// [`Listener::accept`](crate::Listener::accept) or for the application's answer, plus
     /// accepted ones waiting for `ESTABLISHED`. A request beyond them is rejected at once
-    /// (reason 28, consumer reject), and each half-open connection goes after
-    /// [`connect_timeout`](Self::connect_timeout): at most `backlog` QPs with their receive and
-    /// send slots are ever spent on peers that do not complete their side.
+    /// (reason 28, consumer reject). A request unanswered for
+    /// [`connect_timeout`](Self::connect_timeout) is rejected, and an accepted one not
+    /// established within `connect_timeout` of the accept is destroyed: at most `backlog` QPs
+    /// with their receive and send slots (made at the accept) are ever spent on peers that do
+    /// not complete their side, each for at most `connect_timeout`.
     #[must_use]
     pub fn backlog(mut self, n: u32) -> Self {
         self.backlog = n;

@@ -1,9 +1,10 @@
 //! The bound on a listener's half-open connections: requests waiting for the application's
 //! answer, and accepted ones waiting for `ESTABLISHED`. Each holds a [`HalfOpen`] ticket, taken
 //! when its `CONNECT_REQUEST` arrives and given back when it is established or goes; a request
-//! that finds every ticket taken is rejected at once. Each such connection also has a deadline
-//! (`Config::connect_timeout`), so a peer that never completes its side holds a ticket, and the
-//! QP and slots behind it, for that long at most.
+//! that finds every ticket taken is rejected at once. Each such connection also has a deadline,
+//! `Config::connect_timeout` from the request and again from the accept, so a peer that never
+//! completes its side holds a ticket for at most twice that, and the QP and slots made at the
+//! accept for at most once that (plus the drain of a connection that failed, 15 s at most).
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
