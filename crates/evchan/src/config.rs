@@ -107,7 +107,9 @@ impl Config {
         self
     }
 
-    /// The timeout from `rdma_connect` (or `rdma_accept`) to `ESTABLISHED`.
+    /// The timeout from `rdma_connect` (or `rdma_accept`) to `ESTABLISHED`. On a listener it
+    /// also bounds how long a request may wait for the application's answer: unanswered for
+    /// this long, it is rejected (its [`Incoming`](crate::Incoming)'s `accept` then fails).
     #[must_use]
     pub fn connect_timeout(mut self, t: Duration) -> Self {
         self.connect_timeout = t;
@@ -123,8 +125,14 @@ impl Config {
         self
     }
 
-    /// How many requests may wait for [`Listener::accept`](crate::Listener::accept); more
-    /// are rejected at once, which bounds what half-open connections cost.
+    /// How many half-open connections a listener keeps: requests waiting for
+    /// [`Listener::accept`](crate::Listener::accept) or for the application's answer, plus
+    /// accepted ones waiting for `ESTABLISHED`. A request beyond them is rejected at once
+    /// (reason 28, consumer reject). A request unanswered for
+    /// [`connect_timeout`](Self::connect_timeout) is rejected, and an accepted one not
+    /// established within `connect_timeout` of the accept is destroyed: at most `backlog` QPs
+    /// with their receive and send slots (made at the accept) are ever spent on peers that do
+    /// not complete their side, each for at most `connect_timeout`.
     #[must_use]
     pub fn backlog(mut self, n: u32) -> Self {
         self.backlog = n;

@@ -14,9 +14,12 @@ use crate::runtime::{Cmd, ConnId, Runtime, ShardRef};
 /// A listening rdma_cm id (`rdma_bind_addr` + `rdma_listen`), like `tokio::net::TcpListener`.
 ///
 /// Requests are spread over the runtime's event-channel shards (`rdma_migrate_id`); each
-/// waits in a queue of [`Config::backlog`] entries for [`accept`](Self::accept) — more are
-/// rejected at once. Dropping the listener destroys the listening id; connections already
-/// accepted, and requests already handed out, are not affected.
+/// waits in a queue for [`accept`](Self::accept). At most [`Config::backlog`] connections of a
+/// listener are half-open (waiting for `accept`, for the application's answer, or accepted and
+/// not yet established) — a request beyond them is rejected at once — and each goes when it
+/// waits longer than [`Config::connect_timeout`] for the answer, or for `ESTABLISHED` after
+/// the accept. Dropping the listener destroys the listening id; connections already accepted,
+/// and requests already handed out, are not affected.
 ///
 /// # Examples
 ///

@@ -94,6 +94,13 @@ pub enum ProtocolError {
         /// The maximum.
         max: u32,
     },
+    /// A message larger than this side's receives: the receive failed with a local length
+    /// error (`IBV_WC_LOC_LEN_ERR`) and the QP went to the error state. Its length is unknown.
+    #[error("a message above the {max} B maximum overran its receive (local length error)")]
+    Overrun {
+        /// The maximum.
+        max: u32,
+    },
 }
 
 /// One side's credit state.

@@ -128,6 +128,8 @@ pub(super) struct Conn<'s> {
     pub(super) cq_reserved: u32,
     /// The last completion of this connection (or keepalive sent): see `shard/keepalive.rs`.
     pub(super) last_activity: Instant,
+    /// A listener's half-open ticket, until `ESTABLISHED` (or the connection goes).
+    pub(super) half_open: Option<super::half_open::HalfOpen>,
 }
 
 impl Conn<'_> {
@@ -164,6 +166,7 @@ impl Conn<'_> {
             early: Vec::new(),
             cq_reserved: 0,
             last_activity: Instant::now(),
+            half_open: None,
         }
     }
 }

@@ -16,6 +16,7 @@
 
 mod conn;
 mod removal;
+mod half_open;
 mod shard;
 
 use std::net::SocketAddr;

@@ -21,10 +21,11 @@ use evchan_core::verbs::{
 use evchan_core::{CmEvent, CmId, EventChannel, Readable};
 
 use super::conn::{with_id, Conn, IdState, Path, Phase};
+use super::half_open::{HalfOpen, HalfOpenLimit};
 use super::{Cmd, ConnId, Delivery, Established, Runtime, SendEnd, Shared};
 use crate::config::Config;
 use crate::error::{Error, Lost, Result, Step};
-use crate::proto::{self, Credits, Handshake, Kind, Peer};
+use crate::proto::{self, Credits, Handshake, Kind, Peer, ProtocolError};
 
 mod keepalive;
 
@@ -55,12 +56,14 @@ pub(super) struct Migrated<'s> {
     config: Config,
     peer: Peer,
     accept_queue: mpsc::Sender<crate::Incoming>,
+    ticket: HalfOpen,
 }
 
 struct Listening<'s> {
     id: CmId<'s, evchan_core::cm::state::Listening>,
     config: Config,
     accept_queue: mpsc::Sender<crate::Incoming>,
+    half_open: HalfOpenLimit,
 }
 
 struct PostedWr {
@@ -400,6 +403,7 @@ impl<'s, 'c> Shard<'s, 'c> {
             conn,
             Listening {
                 id,
+                half_open: HalfOpenLimit::new(config.backlog),
                 config,
                 accept_queue: tx,
             },
@@ -561,11 +565,11 @@ impl<'s, 'c> Shard<'s, 'c> {
                 return;
             }
         };
-        if l.accept_queue.capacity() == 0 {
-            tracing::debug!("backlog full: request rejected");
+        let Some(ticket) = l.half_open.take().filter(|_| l.accept_queue.capacity() > 0) else {
+            tracing::debug!("backlog of half-open connections full: request rejected");
             let _ = id.reject(&[]);
             return;
-        }
+        };
         let Some(rt) = self.runtime() else {
             let _ = id.reject(&[]);
             return;
@@ -578,6 +582,7 @@ impl<'s, 'c> Shard<'s, 'c> {
             config: l.config.clone(),
             peer,
             accept_queue: l.accept_queue.clone(),
+            ticket,
         };
         if target == self.env.index {
             return self.on_migrated(m);
@@ -588,6 +593,7 @@ impl<'s, 'c> Shard<'s, 'c> {
             config,
             peer,
             accept_queue,
+            ticket,
         } = m;
         match id.migrate(&self.env.channels[target]) {
             Ok(id) => {
@@ -597,6 +603,7 @@ impl<'s, 'c> Shard<'s, 'c> {
                     config,
                     peer,
                     accept_queue,
+                    ticket,
                 };
                 if let Err(back) = self.env.peers[target].send(m) {
                     let _ = back.0.id.reject(&[]);
@@ -608,6 +615,7 @@ impl<'s, 'c> Shard<'s, 'c> {
                 config,
                 peer,
                 accept_queue,
+                ticket,
             }),
         }
     }
@@ -638,6 +646,7 @@ impl<'s, 'c> Shard<'s, 'c> {
         }
         let mut c = Conn::new(m.conn, IdState::Requested(m.id), Phase::Requested, m.config);
         tracing::debug!(parent: &c.span, peer = ?peer_addr, "request");
+        half_open(&mut c, m.ticket);
         c.peer = Some(m.peer);
         c.peer_addr = peer_addr;
         c.local_addr = local_addr;
@@ -790,6 +799,7 @@ impl<'s, 'c> Shard<'s, 'c> {
         c.shared = Some(shared.clone());
         c.phase = Phase::Open;
         c.deadline = None;
+        c.half_open = None;
         if let IdState::Connected(id) = &c.id {
             c.local_addr = id.local_addr();
             c.peer_addr = id.peer_addr().or(c.peer_addr);
@@ -1088,6 +1098,7 @@ impl<'s, 'c> Shard<'s, 'c> {
         c.outstanding = c.outstanding.saturating_sub(1);
         c.last_activity = Instant::now();
         let ok = wc.is_success();
+        let max = c.config.max_message;
         match w.kind {
             WrKind::Recv => match c.phase {
                 Phase::Open if ok => self.on_recv(conn, slot, wc),
@@ -1115,7 +1126,7 @@ impl<'s, 'c> Shard<'s, 'c> {
             }
         }
         if !ok && wc.status() != WcStatus::WrFlush {
-            self.lose(conn, Lost::WorkCompletion(wc.status()));
+            self.lose(conn, wc_failure(w.kind, wc.status(), max));
         }
         self.try_finish(conn);
     }
@@ -1216,14 +1227,20 @@ impl<'s, 'c> Shard<'s, 'c> {
             return;
         };
         tracing::debug!(parent: &c.span, %why, "connection lost");
+        // Sends fail before the receive half hears of it: a `send` after `recv` returned the
+        // loss is refused, never queued to nowhere.
+        if let Some(shared) = &c.shared {
+            shared.end(SendEnd::Lost(why.clone()));
+        }
+        // Lost before ESTABLISHED was seen (a peer's first message can come first).
+        if let Some(reply) = c.reply.take() {
+            let _ = reply.send(Err(Error::ConnectionLost(why.clone())));
+        }
         if !c.ended {
             c.ended = true;
             if let Some(inbox) = &c.inbox {
                 let _ = inbox.send(Delivery::Lost(why.clone()));
             }
-        }
-        if let Some(shared) = &c.shared {
-            shared.end(SendEnd::Lost(why));
         }
         c.outbox.clear();
         if !c.disconnected {
@@ -1260,7 +1277,9 @@ impl<'s, 'c> Shard<'s, 'c> {
             let phase = self.conns[&conn].phase;
             match phase {
                 Phase::Setup(step) => self.fail_setup(conn, Error::TimedOut(step)),
-                Phase::Open | Phase::Draining | Phase::Requested => {
+                // Unanswered for the connect timeout: a half-open connection goes.
+                Phase::Requested => self.reject(conn, &[]),
+                Phase::Open | Phase::Draining => {
                     // A close that did not finish: release everything now.
                     if let Some(c) = self.remove(conn) {
                         tracing::debug!(?conn, "drain timed out; released");
@@ -1407,6 +1426,22 @@ impl<'s, 'c> Shard<'s, 'c> {
             self.lose(conn, why);
         }
         self.try_finish(conn);
+    }
+}
+
+/// Gives a request its half-open ticket and its deadline: unanswered, or accepted and not
+/// established, for `connect_timeout`, it goes (see [`super::half_open`]).
+fn half_open(c: &mut Conn<'_>, ticket: HalfOpen) {
+    c.half_open = Some(ticket);
+    c.deadline = Some(Instant::now() + c.config.connect_timeout);
+}
+
+/// Why a failed work request ends its connection. A receive that fails with a local length
+/// error held a message above this side's maximum, which an evchan peer never sends.
+fn wc_failure(kind: WrKind, status: WcStatus, max: u32) -> Lost {
+    match (kind, status) {
+        (WrKind::Recv, WcStatus::LocalLength) => Lost::Protocol(ProtocolError::Overrun { max }),
+        _ => Lost::WorkCompletion(status),
     }
 }
 
