@@ -36,8 +36,10 @@ const CRITERION_ARGS: &[&str] = &[
     "1",
     "--measurement-time",
     "3",
+    // Criterion's bootstrap is only its own printed interval (the table uses the samples'
+    // medians); under TCG its 100 000 sorts would take longer than the measurements.
     "--nresamples",
-    "10000",
+    "1000",
     "--noplot",
     "--color",
     "never",
@@ -155,7 +157,15 @@ pub fn run(args: &[String]) -> Result<i32> {
         Vec::new()
     };
 
+    // One vCPU unless told otherwise: a wake-up (the kernel's worker queueing an event, the
+    // benchmark waiting for it) then never crosses vCPUs, which on a loaded host costs TCG
+    // milliseconds at random (seen: resolve_addr's ratio swinging from 0.4 to 3.6 between two
+    // runs with two vCPUs, 1.8-1.9 with one).
+    if place == Place::Vm && std::env::var_os("EVCHAN_VM_SMP").is_none() {
+        std::env::set_var("EVCHAN_VM_SMP", "1");
+    }
     let home = target_dir().join("criterion");
+    let load_start = load_average();
     let mut counts = Instructions::default();
     let watch = Watch::start(usize::from(place == Place::Vm));
     let ran = match place {
@@ -166,8 +176,11 @@ pub fn run(args: &[String]) -> Result<i32> {
     let ok = ran?;
 
     let where_ = match place {
-        Place::Vm => "in the soft-RoCE VM (qemu TCG, Debian kernel, rdma_rxe)",
-        Place::Native => "on this host's RDMA device",
+        Place::Vm => format!(
+            "in the soft-RoCE VM (qemu TCG, {} vCPU, Debian kernel, rdma_rxe)",
+            std::env::var("EVCHAN_VM_SMP").unwrap_or_default()
+        ),
+        Place::Native => "on this host's RDMA device".to_owned(),
     };
     let figures = report::figures(&home)?;
     let ratios = Ratios::of(&figures, &counts);
@@ -178,6 +191,14 @@ pub fn run(args: &[String]) -> Result<i32> {
     let took = started.elapsed();
     println!("(cargo xtask bench took {:.0} s)", took.as_secs_f64());
     let mut warnings = Vec::new();
+    let load_end = load_average();
+    if load_start.max(load_end) > 1.5 {
+        warnings.push(format!(
+            "the host's load average (1 min) was {load_start:.1} at the start and {load_end:.1} \
+             at the end of the run, on {} CPUs",
+            std::thread::available_parallelism().map_or(0, usize::from)
+        ));
+    }
     if busy > 0 {
         warnings.push(format!(
             "for {busy} s of the run, other work (another VM, a compiler) shared this host's \
@@ -197,7 +218,7 @@ pub fn run(args: &[String]) -> Result<i32> {
     }
     ratios.save(&home, "last")?;
     let run = report::Run {
-        where_: where_.to_owned(),
+        where_: where_.clone(),
         criterion: criterion.join(" "),
         took,
         warnings: warnings.clone(),
@@ -425,6 +446,14 @@ impl Watch {
         self.stop.store(true, Ordering::Release);
         self.thread.join().unwrap_or(0)
     }
+}
+
+/// The host's load average over the last minute (`/proc/loadavg`), 0 when unreadable.
+fn load_average() -> f64 {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|l| l.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0.0)
 }
 
 /// How many qemu system emulators and compilers (rustc) run on this host now (`/proc/*/comm`).

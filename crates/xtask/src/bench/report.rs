@@ -192,7 +192,8 @@ pub struct Instructions {
 
 impl Instructions {
     /// One line of the run: `@@callgrind FIGURE/VARIANT N` opens a count, callgrind's
-    /// `==PID== Collected : COUNT` closes it.
+    /// `==PID== Collected : COUNT` gives it. A process that forks prints one such line per
+    /// process (a child that never enters the measured function: 0): the largest is the count.
     pub fn add_line(&mut self, line: &str) {
         if let Some(rest) = line.strip_prefix("@@callgrind ") {
             let mut w = rest.split_whitespace();
@@ -203,9 +204,7 @@ impl Instructions {
             }
         } else if let Some((_, count)) = line.split_once("Collected :") {
             if let (Some(last), Ok(c)) = (self.found.last_mut(), count.trim().parse::<u64>()) {
-                if last.3.is_none() {
-                    last.3 = Some(c);
-                }
+                last.3 = Some(last.3.map_or(c, |old| old.max(c)));
             }
         }
     }
@@ -672,6 +671,7 @@ mod tests {
             "@@callgrind x/evchan 10",
             "==12== Collected : 1500",
             "@@callgrind x/raw 10",
+            "==14== Collected : 0",
             "==13== Collected : 1000",
         ] {
             counts.add_line(l);
