@@ -820,3 +820,31 @@ pub fn demo(args: &[String]) -> Result<i32> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bench_script_runs_each_bench_once_between_markers() {
+        assert_eq!(bench_script(&[]), "");
+        let s = bench_script(&[
+            ("cm_event".into(), PathBuf::from("/t/cm_event-1")),
+            ("cq_event".into(), PathBuf::from("/t/cq_event-2")),
+        ]);
+        for name in ["cm_event", "cq_event"] {
+            assert!(
+                s.contains(&format!("echo '@@evchan-bench-begin {name}'")),
+                "{s}"
+            );
+            assert!(s.contains(&format!("@@evchan-bench-end {name} $rc")), "{s}");
+        }
+        assert!(
+            s.contains("/t/cm_event-1 --test") && s.contains("status=1"),
+            "{s}"
+        );
+        let script = device_script(&[], true, &s);
+        let (before, after) = script.split_once("@@evchan-bench-begin").unwrap();
+        assert!(before.contains("CRITERION_HOME") && after.contains("@@evchan-no-leftovers"));
+    }
+}
