@@ -315,16 +315,20 @@ impl Ratios {
 
     /// Writes `evchan-ratios-NAME.json` beside criterion's data; its path.
     pub fn save(&self, home: &Path, name: &str) -> Result<PathBuf> {
-        let mut s = String::from("{\n");
-        for (i, (row, t, ins)) in self.0.iter().enumerate() {
-            let comma = if i + 1 < self.0.len() { "," } else { "" };
-            let ins = ins.map_or("null".into(), |x| format!("{x}"));
-            let _ = writeln!(
-                s,
-                "  \"{row}\": {{\"time\": {t}, \"instructions\": {ins}}}{comma}"
-            );
+        let mut lines = Vec::new();
+        for (row, t, ins) in &self.0 {
+            // JSON has no NaN: a count that is missing or not finite is `null`, a row without a
+            // finite time is left out.
+            let ins = ins
+                .filter(|x| x.is_finite())
+                .map_or("null".into(), |x| format!("{x}"));
+            if t.is_finite() {
+                lines.push(format!(
+                    "  \"{row}\": {{\"time\": {t}, \"instructions\": {ins}}}"
+                ));
+            }
         }
-        s.push_str("}\n");
+        let s = format!("{{\n{}\n}}\n", lines.join(",\n"));
         let path = Self::path(home, name);
         std::fs::create_dir_all(home).map_err(|e| format!("{}: {e}", home.display()))?;
         std::fs::write(&path, s).map_err(|e| format!("{}: {e}", path.display()))?;
