@@ -471,7 +471,7 @@ fn generated(run: &Run, figures: &[Figure], counts: &Instructions) -> String {
          operation, ours ÷ raw (the kernel's are not counted).\n\n",
     );
     s.push_str(
-        "| figure (variant) | median | baseline median | ratio | spread | instructions/op (ours / raw) | instr. ratio | target |\n\
+        "| figure (variant) | median | baseline median | ratio | spread | instructions/op (ours / raw) | instr. ratio | target (time ratio) |\n\
          |---|---:|---:|---:|---:|---:|---:|---|\n",
     );
     for r in rows(figures, counts) {
