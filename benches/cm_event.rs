@@ -3,8 +3,20 @@
 //! - `cm_event/resolve_addr`: one whole cycle per iteration: create an id, `rdma_resolve_addr`
 //!   to 169.254.77.1 (the VM's address), read its `ADDR_RESOLVED`, check kind, status and id,
 //!   ack, destroy the id.
+//!   `async` is the same cycle with the wait done by tokio (a current_thread runtime, the
+//!   channel registered through `evchan_core::Readable`): read, and on `None` await readiness,
+//!   clear it and read again; its baseline is the same `raw`.
+//! - `cm_event/queued_ack`: reading and acking an event that is already queued, per event:
+//!   [`QUEUED`] ids resolve their addresses (untimed), then the channel is drained, each event
+//!   read, its kind checked and acked (timed); the ids are destroyed after (untimed). A read
+//!   that finds its event not queued yet stops the clock while it waits.
 //! - `cm_event/empty_read`: a non-blocking read of an empty channel (`try_get_event` → `None`,
 //!   and `rdma_get_cm_event` on an `O_NONBLOCK` descriptor → `EAGAIN`): the wrapper's own cost.
+//!
+//! With `EVCHAN_BENCH_OPS=FIGURE/VARIANT:N` (e.g. `resolve_addr/raw:200`) the program runs no
+//! criterion: it makes the figure's setup, then the operation `N` times inside
+//! `evchan_measured`, for `valgrind --tool=callgrind --toggle-collect='*evchan_measured*'`
+//! (`cargo xtask bench` does that: instructions per operation).
 //!
 //! `evchan` is the safe layer, `raw` the same work in plain librdmacm calls through `evchan-sys`.
 //! What differs, on purpose (it is what the safe layer costs): evchan's descriptor is always
@@ -25,13 +37,13 @@
 use std::hint::black_box;
 use std::io;
 use std::net::{Ipv4Addr, SocketAddr};
-use std::os::fd::BorrowedFd;
+use std::os::fd::{AsFd, BorrowedFd};
 use std::ptr::{self, NonNull};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use criterion::Criterion;
-use evchan_core::cm::PortSpace;
-use evchan_core::{CmId, EventChannel};
+use evchan_core::cm::{EventKind, PortSpace};
+use evchan_core::{CmId, EventChannel, Readable};
 use evchan_sys as sys;
 
 mod support;
@@ -41,14 +53,150 @@ const DST: Ipv4Addr = Ipv4Addr::new(169, 254, 77, 1);
 const PORT: u16 = 7471;
 const RESOLVE_TIMEOUT: Duration = Duration::from_secs(2);
 
+/// Events queued before each drain of `cm_event/queued_ack`.
+const QUEUED: usize = 32;
+
 fn main() {
     if !support::device_present() {
         return;
     }
+    if let Some((figure, variant, n)) = support::ops_mode() {
+        ops(&figure, &variant, n);
+        return;
+    }
     let mut c = support::criterion();
     resolve_addr(&mut c);
+    queued_ack(&mut c);
     empty_read(&mut c);
     c.final_summary();
+}
+
+/// The callgrind mode (module docs): `n` operations of `figure/variant` inside
+/// [`support::evchan_measured`].
+fn ops(figure: &str, variant: &str, n: u64) {
+    let dst = SocketAddr::from((DST, PORT));
+    let channel = EventChannel::new().expect("rdma_create_event_channel");
+    let raw = RawChannel::new();
+    let mut sin = sockaddr_in(DST, PORT);
+    let timeout_ms = i32::try_from(RESOLVE_TIMEOUT.as_millis()).expect("a small timeout");
+    match (figure, variant) {
+        ("resolve_addr", "evchan") => {
+            support::evchan_measured(n, || resolve_cycle(&channel, dst));
+        }
+        ("resolve_addr", "async") => {
+            let rt = support::runtime();
+            let readable = rt
+                .block_on(async { Readable::new(channel.as_fd()) })
+                .expect("AsyncFd");
+            // The runtime's own work between polls is counted too: one block_on, measured.
+            support::evchan_measured(1, || {
+                rt.block_on(async {
+                    for _ in 0..n {
+                        resolve_cycle_async(&channel, &readable, dst).await;
+                    }
+                });
+            });
+        }
+        ("resolve_addr", "raw") => {
+            support::evchan_measured(n, || raw.resolve_cycle(&mut sin, timeout_ms));
+        }
+        ("queued_ack", "evchan") => {
+            let n = usize::try_from(n).expect("a count that fits usize");
+            let ids = queue_evchan(&channel, dst, n);
+            support::wait_queued();
+            support::evchan_measured(n as u64, || drain_one_evchan(&channel));
+            drop(ids);
+        }
+        ("queued_ack", "raw") => {
+            raw.set_nonblocking();
+            let ids = raw.queue(&mut sin, timeout_ms, usize::try_from(n).expect("usize"));
+            support::wait_queued();
+            support::evchan_measured(n, || raw.drain_one());
+            raw.destroy_ids(ids);
+        }
+        ("empty_read", "evchan") => {
+            support::evchan_measured(n, || empty_read_evchan(&channel));
+        }
+        ("empty_read", "raw") => {
+            raw.set_nonblocking();
+            support::evchan_measured(n, || raw.empty_read());
+        }
+        _ => panic!("no operation {figure}/{variant} in cm_event"),
+    }
+}
+
+/// One cycle of `cm_event/resolve_addr/evchan`.
+fn resolve_cycle(channel: &EventChannel, dst: SocketAddr) {
+    let id = CmId::new(channel, PortSpace::Tcp).expect("rdma_create_id");
+    let id = id
+        .resolve_addr(None, dst, RESOLVE_TIMEOUT)
+        .expect("rdma_resolve_addr");
+    let event = channel.get_event().expect("rdma_get_cm_event");
+    let id = id.addr_resolved(&event).expect("ADDR_RESOLVED");
+    event.ack();
+    drop(black_box(id));
+}
+
+/// One cycle of `cm_event/resolve_addr/async`: the wait is tokio's.
+async fn resolve_cycle_async(channel: &EventChannel, readable: &Readable<'_>, dst: SocketAddr) {
+    let id = CmId::new(channel, PortSpace::Tcp).expect("rdma_create_id");
+    let id = id
+        .resolve_addr(None, dst, RESOLVE_TIMEOUT)
+        .expect("rdma_resolve_addr");
+    let event = loop {
+        if let Some(event) = channel.try_get_event().expect("rdma_get_cm_event") {
+            break event;
+        }
+        let mut guard = readable.ready().await.expect("readiness");
+        match channel.try_get_event().expect("rdma_get_cm_event") {
+            Some(event) => break event,
+            None => guard.clear_ready(),
+        }
+    };
+    let id = id.addr_resolved(&event).expect("ADDR_RESOLVED");
+    event.ack();
+    drop(black_box(id));
+}
+
+/// One read of `cm_event/empty_read/evchan`.
+fn empty_read_evchan(channel: &EventChannel) {
+    let ev = channel.try_get_event().expect("rdma_get_cm_event");
+    assert!(black_box(ev).is_none(), "an event on an idle channel");
+}
+
+/// `n` ids, each resolving its address: `n` `ADDR_RESOLVED` events on their way.
+fn queue_evchan(channel: &EventChannel, dst: SocketAddr, n: usize) -> Vec<impl Sized + '_> {
+    (0..n)
+        .map(|_| {
+            CmId::new(channel, PortSpace::Tcp)
+                .expect("rdma_create_id")
+                .resolve_addr(None, dst, RESOLVE_TIMEOUT)
+                .expect("rdma_resolve_addr")
+        })
+        .collect()
+}
+
+/// Reads one queued event, checks it and acks it; `false` when none was queued yet (nothing
+/// read).
+fn try_drain_one_evchan(channel: &EventChannel) -> bool {
+    match channel.try_get_event().expect("rdma_get_cm_event") {
+        Some(event) => {
+            assert!(
+                event.kind() == EventKind::AddrResolved && event.raw_status() == 0,
+                "unexpected {event:?}"
+            );
+            event.ack();
+            true
+        }
+        None => false,
+    }
+}
+
+/// [`try_drain_one_evchan`], waiting (in `poll`) for the event when it is not queued yet.
+fn drain_one_evchan(channel: &EventChannel) {
+    while !try_drain_one_evchan(channel) {
+        support::wait_readable(channel.as_fd());
+    }
 }
 
 fn resolve_addr(c: &mut Criterion) {
@@ -57,17 +205,25 @@ fn resolve_addr(c: &mut Criterion) {
     let channel = EventChannel::new().expect("rdma_create_event_channel");
     let dst = SocketAddr::from((DST, PORT));
     group.bench_function("evchan", |b| {
-        b.iter(|| {
-            let id = CmId::new(&channel, PortSpace::Tcp).expect("rdma_create_id");
-            let id = id
-                .resolve_addr(None, dst, RESOLVE_TIMEOUT)
-                .expect("rdma_resolve_addr");
-            let event = channel.get_event().expect("rdma_get_cm_event");
-            let id = id.addr_resolved(&event).expect("ADDR_RESOLVED");
-            event.ack();
-            drop(black_box(id));
+        b.iter(|| resolve_cycle(&channel, dst));
+    });
+
+    let rt = support::runtime();
+    let readable = rt
+        .block_on(async { Readable::new(channel.as_fd()) })
+        .expect("AsyncFd");
+    group.bench_function("async", |b| {
+        b.iter_custom(|iters| {
+            rt.block_on(async {
+                let start = Instant::now();
+                for _ in 0..iters {
+                    resolve_cycle_async(&channel, &readable, dst).await;
+                }
+                start.elapsed()
+            })
         });
     });
+    drop(readable);
 
     let raw = RawChannel::new();
     let mut sin = sockaddr_in(DST, PORT);
@@ -78,15 +234,74 @@ fn resolve_addr(c: &mut Criterion) {
     group.finish();
 }
 
+fn queued_ack(c: &mut Criterion) {
+    let mut group = c.benchmark_group("cm_event/queued_ack");
+    support::slow_setup(&mut group);
+    let dst = SocketAddr::from((DST, PORT));
+    let channel = EventChannel::new().expect("rdma_create_event_channel");
+    group.bench_function("evchan", |b| {
+        b.iter_custom(|iters| {
+            let mut took = Duration::ZERO;
+            let mut left = iters;
+            while left > 0 {
+                let n = QUEUED.min(usize::try_from(left).unwrap_or(QUEUED));
+                let ids = queue_evchan(&channel, dst, n);
+                let mut done = 0;
+                while done < n {
+                    let start = Instant::now();
+                    while done < n && try_drain_one_evchan(&channel) {
+                        done += 1;
+                    }
+                    took += start.elapsed();
+                    if done < n {
+                        // Not queued yet: wait with the clock stopped.
+                        support::wait_readable(channel.as_fd());
+                    }
+                }
+                drop(ids);
+                left -= n as u64;
+            }
+            took
+        });
+    });
+
+    let raw = RawChannel::new();
+    raw.set_nonblocking();
+    let mut sin = sockaddr_in(DST, PORT);
+    let timeout_ms = i32::try_from(RESOLVE_TIMEOUT.as_millis()).expect("a small timeout");
+    group.bench_function("raw", |b| {
+        b.iter_custom(|iters| {
+            let mut took = Duration::ZERO;
+            let mut left = iters;
+            while left > 0 {
+                let n = QUEUED.min(usize::try_from(left).unwrap_or(QUEUED));
+                let ids = raw.queue(&mut sin, timeout_ms, n);
+                let mut done = 0;
+                while done < n {
+                    let start = Instant::now();
+                    while done < n && raw.try_drain_one() {
+                        done += 1;
+                    }
+                    took += start.elapsed();
+                    if done < n {
+                        support::wait_readable(raw.fd());
+                    }
+                }
+                raw.destroy_ids(ids);
+                left -= n as u64;
+            }
+            took
+        });
+    });
+    group.finish();
+}
+
 fn empty_read(c: &mut Criterion) {
     let mut group = c.benchmark_group("cm_event/empty_read");
 
     let channel = EventChannel::new().expect("rdma_create_event_channel");
     group.bench_function("evchan", |b| {
-        b.iter(|| {
-            let ev = channel.try_get_event().expect("rdma_get_cm_event");
-            assert!(black_box(ev).is_none(), "an event on an idle channel");
-        });
+        b.iter(|| empty_read_evchan(&channel));
     });
 
     let raw = RawChannel::new();
@@ -119,13 +334,90 @@ impl RawChannel {
         RawChannel(NonNull::new(ch).expect("rdma_create_event_channel"))
     }
 
-    fn set_nonblocking(&self) {
+    fn fd(&self) -> BorrowedFd<'_> {
         // SAFETY: the channel is live (self), so its `fd` field is readable.
         let fd = unsafe { self.0.as_ref() }.fd;
-        // SAFETY: the descriptor stays open until rdma_destroy_event_channel in Drop, after this
-        // borrow ends.
-        let fd = unsafe { BorrowedFd::borrow_raw(fd) };
-        sys::fd::set_nonblocking(fd, true).expect("fcntl(O_NONBLOCK)");
+        // SAFETY: the descriptor stays open until rdma_destroy_event_channel in Drop, after the
+        // borrow of self ends.
+        unsafe { BorrowedFd::borrow_raw(fd) }
+    }
+
+    fn set_nonblocking(&self) {
+        sys::fd::set_nonblocking(self.fd(), true).expect("fcntl(O_NONBLOCK)");
+    }
+
+    /// `n` ids, each resolving its address (`n` `ADDR_RESOLVED` events on their way).
+    fn queue(
+        &self,
+        dst: &mut libc::sockaddr_in,
+        timeout_ms: i32,
+        n: usize,
+    ) -> Vec<*mut sys::rdma_cm_id> {
+        let dst: *mut libc::sockaddr_in = dst;
+        (0..n)
+            .map(|_| {
+                let mut id: *mut sys::rdma_cm_id = ptr::null_mut();
+                // SAFETY: live channel; `id` is a valid out-pointer; no context pointer.
+                let ret = unsafe {
+                    sys::rdma_create_id(
+                        self.0.as_ptr(),
+                        &mut id,
+                        ptr::null_mut(),
+                        sys::rdma_port_space::RDMA_PS_TCP,
+                    )
+                };
+                assert_eq!(ret, 0, "rdma_create_id: {}", io::Error::last_os_error());
+                // SAFETY: `id` was just created; `dst` is a valid sockaddr_in, only read.
+                let ret =
+                    unsafe { sys::rdma_resolve_addr(id, ptr::null_mut(), dst.cast(), timeout_ms) };
+                assert_eq!(ret, 0, "rdma_resolve_addr: {}", io::Error::last_os_error());
+                id
+            })
+            .collect()
+    }
+
+    /// Reads one queued event (non-blocking channel), checks and acks it; `false` on `EAGAIN`.
+    fn try_drain_one(&self) -> bool {
+        let mut event: *mut sys::rdma_cm_event = ptr::null_mut();
+        // SAFETY: live channel; `event` is a valid out-pointer.
+        let ret = unsafe { sys::rdma_get_cm_event(self.0.as_ptr(), &mut event) };
+        if ret != 0 {
+            let err = io::Error::last_os_error();
+            assert_eq!(
+                err.kind(),
+                io::ErrorKind::WouldBlock,
+                "rdma_get_cm_event: {err}"
+            );
+            return false;
+        }
+        // SAFETY: a successful rdma_get_cm_event hands out an event valid until its ack.
+        let ev = unsafe { &*event };
+        assert!(
+            ev.event == sys::rdma_cm_event_type::RDMA_CM_EVENT_ADDR_RESOLVED && ev.status == 0,
+            "unexpected event {} (status {})",
+            ev.event,
+            ev.status
+        );
+        // SAFETY: the event was read above and is acked exactly once.
+        let ret = unsafe { sys::rdma_ack_cm_event(event) };
+        assert_eq!(ret, 0, "rdma_ack_cm_event");
+        true
+    }
+
+    /// [`Self::try_drain_one`], waiting (in `poll`) for the event when it is not queued yet.
+    fn drain_one(&self) {
+        while !self.try_drain_one() {
+            support::wait_readable(self.fd());
+        }
+    }
+
+    /// Destroys ids made by [`Self::queue`] whose events were all acked.
+    fn destroy_ids(&self, ids: Vec<*mut sys::rdma_cm_id>) {
+        for id in ids {
+            // SAFETY: an id of `queue`, its one event acked; destroyed once.
+            let ret = unsafe { sys::rdma_destroy_id(id) };
+            assert_eq!(ret, 0, "rdma_destroy_id");
+        }
     }
 
     /// create id → resolve addr → get event (blocking) → check → ack → destroy id.

@@ -8,8 +8,17 @@
 //!   [`ACK_BATCH`] at a time, in both) → poll the completion and check it. Only that is timed;
 //!   the receive on `b` is posted before and reaped after each timed part, untimed, the same
 //!   way in both.
+//!   `async` is the same round with the wait done by tokio (a current_thread runtime, the
+//!   channel registered through `evchan_core::Readable`): read, and on `None` await
+//!   readiness, clear it and read again; its baseline is the same `raw`.
 //! - `cq_event/poll_empty`: one `ibv_poll_cq` of an empty CQ (`Cq::poll_one` → `None`): the
 //!   wrapper's own cost.
+//!
+//! With `EVCHAN_BENCH_OPS=FIGURE/VARIANT:N` (e.g. `poll_empty/raw:10000`) the program runs no
+//! criterion: it makes the setup, then the operation `N` times inside `evchan_measured`, for
+//! `valgrind --tool=callgrind --toggle-collect='*evchan_measured*'` (`cargo xtask bench` does
+//! that: instructions per operation; the untimed receive of each round is counted too, the
+//! same in both).
 //!
 //! The baseline is the plain C idiom: a blocking channel, and `ibv_get_cq_event` waits in its
 //! `read`. What differs, on purpose (it is what the safe layer costs): evchan's channel is always
@@ -41,6 +50,7 @@ use evchan_core::verbs::{
     CompChannel, Context, Cq, DeviceList, Gid, GidType, Mr, Pd, Qp, QpCaps, RtrAttr, RtsAttr,
     ACK_BATCH,
 };
+use evchan_core::Readable;
 use evchan_sys as sys;
 use libc::{c_int, c_void};
 
@@ -73,23 +83,39 @@ fn main() {
 
     let mut raw = Raw::new(&name, &gid);
 
+    if let Some((figure, variant, n)) = support::ops_mode() {
+        ops(&figure, &variant, n, &safe, &mut raw);
+        return;
+    }
+
     let mut group = c.benchmark_group("cq_event/send_completion");
     let mut send = safe.buffers();
     group.bench_function("evchan", |b| {
         b.iter_custom(|iters| (0..iters).map(|_| safe.round(&mut send)).sum());
     });
+    let rt = support::runtime();
+    let readable = rt
+        .block_on(async { Readable::new(safe.channel.fd()) })
+        .expect("AsyncFd");
+    group.bench_function("async", |b| {
+        b.iter_custom(|iters| {
+            rt.block_on(async {
+                let mut took = Duration::ZERO;
+                for _ in 0..iters {
+                    took += safe.round_async(&readable, &mut send).await;
+                }
+                took
+            })
+        });
+    });
+    drop(readable);
     group.bench_function("raw", |b| {
         b.iter_custom(|iters| (0..iters).map(|_| raw.round()).sum());
     });
     group.finish();
 
     let mut group = c.benchmark_group("cq_event/poll_empty");
-    group.bench_function("evchan", |b| {
-        b.iter(|| {
-            let wc = safe.cq_a.poll_one().expect("ibv_poll_cq");
-            assert!(black_box(wc).is_none(), "a completion on an idle CQ");
-        });
-    });
+    group.bench_function("evchan", |b| b.iter(|| safe.poll_empty()));
     group.bench_function("raw", |b| b.iter(|| raw.poll_empty()));
     group.finish();
 
@@ -97,6 +123,37 @@ fn main() {
     drop(send);
     drop(safe);
     c.final_summary();
+}
+
+/// The callgrind mode (module docs): `n` operations of `figure/variant` inside
+/// [`support::evchan_measured`].
+fn ops(figure: &str, variant: &str, n: u64, safe: &Safe<'_>, raw: &mut Raw) {
+    let mut send = safe.buffers();
+    match (figure, variant) {
+        ("send_completion", "evchan") => support::evchan_measured(n, || {
+            safe.round(&mut send);
+        }),
+        ("send_completion", "async") => {
+            let rt = support::runtime();
+            let readable = rt
+                .block_on(async { Readable::new(safe.channel.fd()) })
+                .expect("AsyncFd");
+            // The runtime's own work between polls is counted too: one block_on, measured.
+            support::evchan_measured(1, || {
+                rt.block_on(async {
+                    for _ in 0..n {
+                        safe.round_async(&readable, &mut send).await;
+                    }
+                });
+            });
+        }
+        ("send_completion", "raw") => support::evchan_measured(n, || {
+            raw.round();
+        }),
+        ("poll_empty", "evchan") => support::evchan_measured(n, || safe.poll_empty()),
+        ("poll_empty", "raw") => support::evchan_measured(n, || raw.poll_empty()),
+        _ => panic!("no operation {figure}/{variant} in cq_event"),
+    }
 }
 
 /// Opens `rxe0` (the VM's device), or else the first device.
@@ -211,6 +268,65 @@ impl<'r> Safe<'r> {
         assert!(wc.is_success(), "{wc:?}");
         *recv = Some(rx.complete(&wc).expect("the receive's own completion"));
         took
+    }
+
+    /// [`Self::round`], the wait for the event done by tokio.
+    async fn round_async(
+        &self,
+        readable: &Readable<'_>,
+        (send, recv): &mut Buffers<'r>,
+    ) -> Duration {
+        let rx = self
+            .b
+            .post_recv(recv.take().expect("the receive buffer"), 0..LEN)
+            .map_err(|e| e.source)
+            .expect("ibv_post_recv");
+
+        let start = Instant::now();
+        self.cq_a.req_notify(false).expect("ibv_req_notify_cq");
+        let tx = self
+            .a
+            .post_send(send.take().expect("the send buffer"), 0..LEN, None)
+            .map_err(|e| e.source)
+            .expect("ibv_post_send");
+        let event = loop {
+            let read = self.channel.try_get_cq_event(&[self.cq_a]);
+            if let Some(event) = read.expect("ibv_get_cq_event") {
+                break event;
+            }
+            let mut guard = readable.ready().await.expect("readiness");
+            let read = self.channel.try_get_cq_event(&[self.cq_a]);
+            match read.expect("ibv_get_cq_event") {
+                Some(event) => break event,
+                None => guard.clear_ready(),
+            }
+        };
+        event.ack();
+        let wc = self
+            .cq_a
+            .poll_one()
+            .expect("ibv_poll_cq")
+            .expect("the send's completion, after its event");
+        assert!(wc.is_success(), "{wc:?}");
+        *send = Some(tx.complete(&wc).expect("the send's own completion"));
+        let took = start.elapsed();
+
+        let deadline = Instant::now() + RECV_TIMEOUT;
+        let wc = loop {
+            if let Some(wc) = self.cq_b.poll_one().expect("ibv_poll_cq") {
+                break wc;
+            }
+            assert!(Instant::now() < deadline, "no receive completion");
+        };
+        assert!(wc.is_success(), "{wc:?}");
+        *recv = Some(rx.complete(&wc).expect("the receive's own completion"));
+        took
+    }
+
+    /// One `ibv_poll_cq` of the empty `cq_a`.
+    fn poll_empty(&self) {
+        let wc = self.cq_a.poll_one().expect("ibv_poll_cq");
+        assert!(black_box(wc).is_none(), "a completion on an idle CQ");
     }
 }
 

@@ -5,6 +5,9 @@
 //! emulation absolute times mean nothing; the ratios hold. `cargo xtask bench` runs them there
 //! and prints the table.
 
+// Each benchmark uses a part of this module.
+#![allow(dead_code)]
+
 use criterion::Criterion;
 
 /// Whether `EVCHAN_REQUIRE_DEVICE=1`: a missing device fails the benchmark instead of skipping it.
@@ -31,4 +34,58 @@ pub fn device_present() -> bool {
 /// Criterion, configured from the command line (`cargo bench -- --help` lists the options).
 pub fn criterion() -> Criterion {
     Criterion::default().configure_from_args()
+}
+
+/// A group whose every iteration needs a slow, untimed setup (`cm_event/queued_ack`: each event
+/// needs an id resolving its address first): fewer samples and a short measurement, so that the
+/// untimed part stays within a minute under TCG.
+pub fn slow_setup(group: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>) {
+    group
+        .sample_size(20)
+        .warm_up_time(std::time::Duration::from_millis(200))
+        .measurement_time(std::time::Duration::from_millis(500))
+        .sampling_mode(criterion::SamplingMode::Flat);
+}
+
+/// The current_thread tokio runtime (I/O enabled) of the `async` variants.
+pub fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_io()
+        .build()
+        .expect("a current_thread tokio runtime")
+}
+
+/// Waits (in `poll`, no timeout) until `fd` is readable: an untimed wait for an event.
+pub fn wait_readable(fd: std::os::fd::BorrowedFd<'_>) {
+    evchan_sys::fd::poll_readable(fd, None).expect("poll");
+}
+
+/// The callgrind mode: `EVCHAN_BENCH_OPS=FIGURE/VARIANT:N` → `(figure, variant, n)`.
+pub fn ops_mode() -> Option<(String, String, u64)> {
+    let spec = std::env::var("EVCHAN_BENCH_OPS").ok()?;
+    let parsed = spec.split_once(':').and_then(|(name, n)| {
+        let (figure, variant) = name.split_once('/')?;
+        Some((figure.to_owned(), variant.to_owned(), n.parse().ok()?))
+    });
+    match parsed {
+        Some(p) => Some(p),
+        None => {
+            eprintln!("EVCHAN_BENCH_OPS={spec}: expected FIGURE/VARIANT:N");
+            std::process::exit(2);
+        }
+    }
+}
+
+/// Untimed: lets the events of the ids that were just made resolve and queue.
+pub fn wait_queued() {
+    std::thread::sleep(std::time::Duration::from_millis(500));
+}
+
+/// Runs `op` `n` times. Never inlined, and named for callgrind's
+/// `--toggle-collect='*evchan_measured*'`: the instructions counted are those of the `n` ops.
+#[inline(never)]
+pub fn evchan_measured(n: u64, mut op: impl FnMut()) {
+    for _ in 0..n {
+        op();
+    }
 }

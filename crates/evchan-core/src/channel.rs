@@ -152,15 +152,23 @@ impl EventChannel {
     /// when no event is ready.
     #[doc(alias = "rdma_get_cm_event")]
     pub fn get_event(&self) -> Result<Event<'_>> {
+        if self.is_nonblocking() {
+            return match self.read()? {
+                Some(ev) => Ok(ev),
+                None => {
+                    let eagain = io::Error::from_raw_os_error(libc::EAGAIN);
+                    Err(Error::os("rdma_get_cm_event", eagain))
+                }
+            };
+        }
+        // Wait first: when the event is queued already this `poll` returns at once, and when it
+        // is not, it saves the read's own readiness check that would only say so (one system
+        // call less per waited-for event; see docs/BENCHMARKS.md).
         loop {
+            self.poll(None)?;
             if let Some(ev) = self.read()? {
                 return Ok(ev);
             }
-            if self.is_nonblocking() {
-                let eagain = io::Error::from_raw_os_error(libc::EAGAIN);
-                return Err(Error::os("rdma_get_cm_event", eagain));
-            }
-            self.poll(None)?;
         }
     }
 

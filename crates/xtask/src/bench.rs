@@ -1,13 +1,20 @@
-//! `cargo xtask bench`: the criterion benchmarks (`benches/`), on a device, as ratios.
+//! `cargo xtask bench`: the criterion benchmarks (`benches/`), on a device, as ratios, written to
+//! `docs/BENCHMARKS.md`.
 //!
 //! Builds the bench executables on the host (`cargo bench --no-run`, the bench profile), runs
 //! them in the soft-RoCE VM (natively on a host with an ACTIVE RDMA port, unless `--vm`) with
-//! options that keep a run short under TCG, reads each benchmark's estimate from criterion's
-//! output and prints, per group, the safe layer's time against the raw-FFI baseline's of the
-//! same run: under TCG only that ratio means anything.
+//! options that keep a run short under TCG, then counts the instructions of each operation under
+//! `valgrind --tool=callgrind` in the same boot. From criterion's per-sample data (brought back
+//! from the guest into `target/criterion/`) it computes each figure's median, its raw-FFI
+//! baseline's median of the same run, their ratio and spread, prints the table and writes
+//! `docs/BENCHMARKS.md` (its generated part) and `docs/bench-latency.svg`.
+//!
+//! `--save NAME` keeps the run as criterion's baseline NAME and its ratios in
+//! `target/criterion/evchan-ratios-NAME.json`; `--compare NAME` runs against criterion's
+//! baseline NAME and flags every ratio more than 5 % worse than the saved one (exit status 1).
 
 use std::fmt::Write as _;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -15,8 +22,12 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crate::cargo::{executables, run_lines};
-use crate::test::{place, Place};
-use crate::{target_dir, vm, Result};
+use crate::test::Place;
+use crate::{host_has_active_rdma_port, target_dir, vm, Result};
+
+mod report;
+
+use report::{Instructions, Ratios};
 
 /// Criterion options for every run: short under TCG, no plots, plain text.
 const CRITERION_ARGS: &[&str] = &[
@@ -25,24 +36,99 @@ const CRITERION_ARGS: &[&str] = &[
     "1",
     "--measurement-time",
     "3",
+    // Criterion's bootstrap is only its own printed interval (the table uses the samples'
+    // medians); under TCG its 100 000 sorts would take longer than the measurements.
     "--nresamples",
-    "10000",
+    "1000",
     "--noplot",
     "--color",
     "never",
 ];
 
 /// The baseline's name in every group (`<group>/raw`).
-const BASELINE: &str = "raw";
+pub(crate) const BASELINE: &str = "raw";
 
-/// `cargo xtask bench [--vm] [-- CRITERION_ARGS...]`
+/// A ratio this much worse than the saved one is flagged by `--compare`.
+pub(crate) const WORSE: f64 = 1.05;
+
+/// The operations counted under callgrind: (bench executable, figure, variants, operations).
+/// Every variant's count is divided by its operations; each figure's `raw` is its baseline.
+const CALLGRIND: &[(&str, &str, &[&str], u64)] = &[
+    ("cm_event", "resolve_addr", &["evchan", "async", "raw"], 100),
+    ("cm_event", "queued_ack", &["evchan", "raw"], 200),
+    ("cm_event", "empty_read", &["evchan", "raw"], 5000),
+    (
+        "cq_event",
+        "send_completion",
+        &["evchan", "async", "raw"],
+        200,
+    ),
+    ("cq_event", "poll_empty", &["evchan", "raw"], 20000),
+];
+
+/// What the command line asked for.
+#[derive(Debug, Default, PartialEq)]
+struct Options {
+    force_vm: bool,
+    save: Option<String>,
+    compare: Option<String>,
+    callgrind: bool,
+    criterion: Vec<String>,
+}
+
+fn options(args: &[String]) -> Result<Options> {
+    let mut o = Options {
+        callgrind: true,
+        ..Options::default()
+    };
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        let mut name = |opt: &str| -> Result<String> {
+            let n = it
+                .next()
+                .ok_or_else(|| format!("bench: {opt} needs a NAME"))?;
+            if n.is_empty()
+                || !n
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
+            {
+                return Err(format!(
+                    "bench: {opt} {n}: a NAME of letters, digits, - _ ."
+                ));
+            }
+            Ok(n.clone())
+        };
+        match a.as_str() {
+            "--vm" => o.force_vm = true,
+            "--no-callgrind" => o.callgrind = false,
+            "--save" => o.save = Some(name("--save")?),
+            "--compare" => o.compare = Some(name("--compare")?),
+            "--" => {
+                o.criterion = it.by_ref().cloned().collect();
+                break;
+            }
+            other => {
+                return Err(format!(
+                    "bench: unknown option `{other}` (see `cargo xtask --help`)"
+                ))
+            }
+        }
+    }
+    if o.save.is_some() && o.compare.is_some() {
+        return Err("bench: --save and --compare are one or the other".into());
+    }
+    Ok(o)
+}
+
+/// `cargo xtask bench [--vm] [--save NAME | --compare NAME] [--no-callgrind] [-- ARGS...]`
 pub fn run(args: &[String]) -> Result<i32> {
     let started = Instant::now();
-    let (ours, extra) = match args.iter().position(|a| a == "--") {
-        Some(i) => (&args[..i], &args[i + 1..]),
-        None => (args, &[][..]),
+    let opts = options(args)?;
+    let place = if !opts.force_vm && host_has_active_rdma_port() {
+        Place::Native
+    } else {
+        Place::Vm
     };
-    let place = place(ours, "bench")?;
     let benches: Vec<_> = executables(&["bench", "--workspace", "--benches"], "bench", "")?
         .into_iter()
         .map(|(name, exe, _)| (name, exe))
@@ -51,60 +137,149 @@ pub fn run(args: &[String]) -> Result<i32> {
         return Err("no bench executables found (benches/*.rs)".into());
     }
     let mut criterion: Vec<String> = CRITERION_ARGS.iter().map(|s| (*s).to_owned()).collect();
-    criterion.extend(extra.iter().cloned());
+    if let Some(n) = &opts.save {
+        criterion.extend(["--save-baseline".to_owned(), n.clone()]);
+    }
+    if let Some(n) = &opts.compare {
+        criterion.extend(["--baseline".to_owned(), n.clone()]);
+    }
+    criterion.extend(opts.criterion.iter().cloned());
+    let callgrind: Vec<(PathBuf, &str, &str, u64)> = if opts.callgrind {
+        CALLGRIND
+            .iter()
+            .filter_map(|(bench, fig, variants, n)| {
+                let exe = &benches.iter().find(|(b, _)| b == bench)?.1;
+                Some(variants.iter().map(move |v| (exe.clone(), *fig, *v, *n)))
+            })
+            .flatten()
+            .collect()
+    } else {
+        Vec::new()
+    };
 
-    let mut estimates = Estimates::default();
+    let home = target_dir().join("criterion");
+    let load_start = load_average();
+    let mut counts = Instructions::default();
     let watch = Watch::start(usize::from(place == Place::Vm));
     let ran = match place {
-        Place::Vm => in_vm(&benches, &criterion, &mut estimates),
-        Place::Native => native(&benches, &criterion, &mut estimates),
+        Place::Vm => in_vm(&benches, &criterion, &callgrind, &home, &mut counts),
+        Place::Native => native(&benches, &criterion, &callgrind, &home, &mut counts),
     };
     let busy = watch.stop();
     let ok = ran?;
 
     let where_ = match place {
-        Place::Vm => "in the soft-RoCE VM (TCG: only the ratios mean anything)",
-        Place::Native => "on this host's RDMA device",
+        Place::Vm => format!(
+            "in the soft-RoCE VM (qemu TCG, {} vCPUs, Debian kernel, rdma_rxe)",
+            std::env::var("EVCHAN_VM_SMP").unwrap_or_else(|_| "2".into())
+        ),
+        Place::Native => "on this host's RDMA device".to_owned(),
     };
+    let figures = report::figures(&home)?;
+    let ratios = Ratios::of(&figures, &counts);
+    let table = report::table(&figures, &counts);
     println!();
-    println!("benchmarks {where_}:");
-    let (table, complete) = estimates.table();
+    println!("benchmarks {where_} (medians of criterion's samples):");
     print!("{table}");
-    println!(
-        "(cargo xtask bench took {:.0} s)",
-        started.elapsed().as_secs_f64()
-    );
-    if busy > 0 {
-        println!(
-            "warning: for {busy} s of the run, other work (another VM, a compiler) shared this \
-             host's CPUs: the two sides of a ratio may have run under different loads; rerun \
-             on an idle host"
-        );
+    let took = started.elapsed();
+    println!("(cargo xtask bench took {:.0} s)", took.as_secs_f64());
+    let mut warnings = Vec::new();
+    let load_end = load_average();
+    if load_start.max(load_end) > 1.5 {
+        warnings.push(format!(
+            "the host's load average (1 min) was {load_start:.1} at the start and {load_end:.1} \
+             at the end of the run, on {} CPUs",
+            std::thread::available_parallelism().map_or(0, usize::from)
+        ));
     }
+    if busy > 0 {
+        warnings.push(format!(
+            "for {busy} s of the run, other work (another VM, a compiler) shared this host's \
+             CPUs: the two sides of a ratio may have run under different loads"
+        ));
+    }
+    let mut worse = Vec::new();
+    if let Some(name) = &opts.compare {
+        let saved = Ratios::load(&home, name)?;
+        let (text, flagged) = ratios.compare(&saved, name);
+        print!("{text}");
+        worse = flagged;
+    }
+    if let Some(name) = &opts.save {
+        let path = ratios.save(&home, name)?;
+        println!("ratios saved to {}", path.display());
+    }
+    ratios.save(&home, "last")?;
+    let run = report::Run {
+        where_: where_.clone(),
+        criterion: criterion.join(" "),
+        took,
+        warnings: warnings.clone(),
+        compared: opts.compare.clone().map(|n| (n, worse.clone())),
+    };
+    let docs = crate::root().join("docs");
+    report::write_markdown(&docs.join("BENCHMARKS.md"), &run, &figures, &counts)?;
+    report::write_svg(&docs.join("bench-latency.svg"), &figures)?;
+    println!("wrote docs/BENCHMARKS.md and docs/bench-latency.svg");
+    for w in &warnings {
+        println!("warning: {w}; rerun on an idle host");
+    }
+
+    let complete = report::complete(&figures);
     if !ok {
         eprintln!("xtask: a benchmark failed (see above)");
     }
     if !complete {
-        eprintln!("xtask: a group has no `{BASELINE}` baseline or no estimate was read");
+        eprintln!("xtask: a group has no `{BASELINE}` baseline or no samples were read");
     }
-    Ok(i32::from(!(ok && complete)))
+    if !worse.is_empty() {
+        eprintln!(
+            "xtask: {} ratio(s) more than 5 % worse than saved run {}",
+            worse.len(),
+            opts.compare.as_deref().unwrap_or_default()
+        );
+    }
+    Ok(i32::from(!(ok && complete && worse.is_empty())))
 }
 
-/// Every bench executable in one VM boot, with `EVCHAN_REQUIRE_DEVICE=1`.
+/// The shell lines that run one operation under callgrind and print its count between markers
+/// (`@@callgrind FIGURE/VARIANT N`, then callgrind's `Collected : COUNT`).
+fn callgrind_lines(exe: &Path, figure: &str, variant: &str, n: u64, out: &str) -> String {
+    let exe = vm::shell_join(&[exe.display().to_string()]);
+    format!(
+        "echo '@@callgrind {figure}/{variant} {n}'\n\
+         EVCHAN_BENCH_OPS='{figure}/{variant}:{n}' timeout 900 valgrind --tool=callgrind \
+         --collect-atstart=no --toggle-collect='*evchan_measured*' \
+         --callgrind-out-file={out} {exe} 2>&1 | grep -E 'Collected|panicked|Error' \
+         || {{ echo '@@callgrind-failed {figure}/{variant}'; status=1; }}\n"
+    )
+}
+
+/// Every bench executable, then every callgrind count, in one VM boot, with
+/// `EVCHAN_REQUIRE_DEVICE=1`; criterion's directory travels in (for `--baseline`) and back.
 fn in_vm(
     benches: &[(String, PathBuf)],
     criterion: &[String],
-    estimates: &mut Estimates,
+    callgrind: &[(PathBuf, &str, &str, u64)],
+    home: &Path,
+    counts: &mut Instructions,
 ) -> Result<bool> {
     // The host's filesystem is read-only in the guest: criterion writes its data to a tmpfs
-    // (`/tmp`, unless the checkout lives there).
+    // (`/tmp`, unless the checkout lives there), seeded with the host's target/criterion.
     let mut script = String::from(
         "status=0\n\
          for d in /tmp /var/tmp /dev/shm /run; do\n\
          \x20   mkdir -p \"$d/evchan-criterion\" 2>/dev/null && : >\"$d/evchan-criterion/rc\" 2>/dev/null &&\n\
          \x20       { export CRITERION_HOME=\"$d/evchan-criterion\"; break; }\n\
          done\n\
-         [ -n \"$CRITERION_HOME\" ] || { echo 'no writable directory for criterion'; exit 125; }\n",
+         [ -n \"$CRITERION_HOME\" ] || { echo 'no writable directory for criterion'; exit 125; }\n\
+         rm -f \"$CRITERION_HOME/rc\"\n",
+    );
+    let home_s = vm::shell_join(&[home.display().to_string()]);
+    let _ = writeln!(
+        script,
+        "[ -d {home_s} ] && cp -a {home_s}/. \"$CRITERION_HOME/\"\n\
+         mkdir -p \"$CRITERION_HOME/.rc\""
     );
     for (name, exe) in benches {
         let mut argv = vec![exe.display().to_string()];
@@ -113,31 +288,90 @@ fn in_vm(
         let _ = writeln!(
             script,
             "echo '==> {name}'\n\
-             ( timeout 900 {}; echo $? >\"$CRITERION_HOME/rc\" ) 2>&1 | cat\n\
-             rc=$(cat \"$CRITERION_HOME/rc\")\n\
+             ( timeout 900 {}; echo $? >\"$CRITERION_HOME/.rc/rc\" ) 2>&1 | cat\n\
+             rc=$(cat \"$CRITERION_HOME/.rc/rc\")\n\
              [ \"$rc\" = 0 ] || {{ echo \"==> {name} exited with $rc\"; status=1; }}",
             vm::shell_join(&argv)
         );
     }
-    script.push_str("exit $status\n");
+    for (exe, figure, variant, n) in callgrind {
+        script.push_str(&callgrind_lines(
+            exe,
+            figure,
+            variant,
+            *n,
+            "\"$CRITERION_HOME/.rc/callgrind.out\"",
+        ));
+    }
+    script.push_str(
+        "rm -rf \"$CRITERION_HOME/.rc\"\n\
+         echo '@@criterion-begin'\n\
+         tar -C \"$CRITERION_HOME\" -czf - . | base64\n\
+         echo '@@criterion-end'\n\
+         exit $status\n",
+    );
     let job = vm::Job {
         command: script,
         env: vec![("EVCHAN_REQUIRE_DEVICE".into(), "1".into())],
-        timeout: Duration::from_secs(1800),
+        timeout: Duration::from_secs(2400),
         ..vm::Job::default()
     };
+    let mut archive: Option<String> = None;
+    let mut complete_archive = false;
     let outcome = vm::run(&job, &mut |line| {
+        if line == "@@criterion-begin" {
+            archive = Some(String::new());
+            return;
+        }
+        if line == "@@criterion-end" {
+            complete_archive = archive.is_some();
+            return;
+        }
+        if let (Some(a), false) = (archive.as_mut(), complete_archive) {
+            a.push_str(line.trim());
+            return;
+        }
         println!("{line}");
-        estimates.add_line(line);
+        counts.add_line(line);
     })?;
+    match archive {
+        Some(a) if complete_archive => unpack(&a, home)?,
+        _ => eprintln!("xtask: criterion's data did not come back from the guest"),
+    }
     Ok(outcome.code == 0)
 }
 
-/// Every bench executable on this host, one after the other, with `EVCHAN_REQUIRE_DEVICE=1`.
+/// Replaces `home` with the base64 tar.gz of criterion's directory that the guest printed.
+fn unpack(base64: &str, home: &Path) -> Result<()> {
+    let tmp = home.with_extension("incoming");
+    let _ = std::fs::remove_dir_all(&tmp);
+    std::fs::create_dir_all(&tmp).map_err(|e| format!("{}: {e}", tmp.display()))?;
+    let archive = tmp.join("criterion.tgz.b64");
+    std::fs::write(&archive, base64).map_err(|e| format!("{}: {e}", archive.display()))?;
+    let sh = format!(
+        "base64 -d {a} | tar -C {t} -xzf - && rm {a}",
+        a = vm::shell_join(&[archive.display().to_string()]),
+        t = vm::shell_join(&[tmp.display().to_string()])
+    );
+    let ok = Command::new("sh")
+        .args(["-c", &sh])
+        .status()
+        .is_ok_and(|s| s.success());
+    if !ok {
+        return Err("cannot unpack criterion's data from the guest (base64 -d | tar)".into());
+    }
+    let _ = std::fs::remove_dir_all(home);
+    std::fs::rename(&tmp, home).map_err(|e| format!("{}: {e}", home.display()))
+}
+
+/// Every bench executable on this host, one after the other, with `EVCHAN_REQUIRE_DEVICE=1`,
+/// then the callgrind counts.
 fn native(
     benches: &[(String, PathBuf)],
     criterion: &[String],
-    estimates: &mut Estimates,
+    callgrind: &[(PathBuf, &str, &str, u64)],
+    home: &Path,
+    counts: &mut Instructions,
 ) -> Result<bool> {
     let mut ok = true;
     for (name, exe) in benches {
@@ -145,16 +379,31 @@ fn native(
         let mut cmd = Command::new(exe);
         cmd.args(criterion)
             .env("EVCHAN_REQUIRE_DEVICE", "1")
-            .env("CRITERION_HOME", target_dir().join("criterion"));
-        let ran = run_lines(&mut cmd, &mut |line| {
-            println!("{line}");
-            estimates.add_line(line);
-        })?;
-        if !ran {
+            .env("CRITERION_HOME", home);
+        if !run_lines(&mut cmd, &mut |line| println!("{line}"))? {
             println!("==> {name} failed");
             ok = false;
         }
     }
+    let out = home.join("callgrind.out");
+    let mut script = String::from("status=0\n");
+    for (exe, figure, variant, n) in callgrind {
+        script.push_str(&callgrind_lines(
+            exe,
+            figure,
+            variant,
+            *n,
+            &vm::shell_join(&[out.display().to_string()]),
+        ));
+    }
+    script.push_str("exit $status\n");
+    let mut cmd = Command::new("sh");
+    cmd.args(["-c", &script]).env("EVCHAN_REQUIRE_DEVICE", "1");
+    ok &= run_lines(&mut cmd, &mut |line| {
+        println!("{line}");
+        counts.add_line(line);
+    })?;
+    let _ = std::fs::remove_file(out);
     Ok(ok)
 }
 
@@ -192,6 +441,14 @@ impl Watch {
     }
 }
 
+/// The host's load average over the last minute (`/proc/loadavg`), 0 when unreadable.
+fn load_average() -> f64 {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|l| l.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0.0)
+}
+
 /// How many qemu system emulators and compilers (rustc) run on this host now (`/proc/*/comm`).
 fn others() -> (usize, usize) {
     let (mut vms, mut compilers) = (0, 0);
@@ -208,168 +465,21 @@ fn others() -> (usize, usize) {
     (vms, compilers)
 }
 
-/// Criterion's estimates, read from its report lines, in the order they came.
-#[derive(Debug, Default)]
-struct Estimates {
-    /// (benchmark id, nanoseconds per iteration).
-    found: Vec<(String, f64)>,
-    /// The previous non-empty line: the id, when it was too long to share the `time:` line.
-    previous: String,
-}
-
-impl Estimates {
-    /// Adds one line of criterion's output, if it is a result line:
-    /// `ID   time:   [LOW UNIT ESTIMATE UNIT HIGH UNIT]` (ID on the line before when long).
-    fn add_line(&mut self, line: &str) {
-        let line = line.trim_end();
-        if let Some((before, after)) = line.split_once("time:") {
-            let values = after
-                .trim()
-                .strip_prefix('[')
-                .and_then(|v| v.strip_suffix(']'));
-            let id = match before.trim() {
-                "" => self.previous.trim(),
-                id => id,
-            };
-            if let (Some(values), false) = (values, id.is_empty()) {
-                let v: Vec<&str> = values.split_whitespace().collect();
-                if let [_, _, value, unit, _, _] = v.as_slice() {
-                    if let Some(ns) = nanos(value, unit) {
-                        self.found.push((id.to_owned(), ns));
-                    }
-                }
-            }
-        }
-        if !line.trim().is_empty() {
-            self.previous = line.to_owned();
-        }
-    }
-
-    /// The table of every group (`<group>/<variant>`) against its `raw` variant, and whether
-    /// every group had both.
-    fn table(&self) -> (String, bool) {
-        let mut groups: Vec<&str> = Vec::new();
-        for (id, _) in &self.found {
-            let group = id.rsplit_once('/').map_or(id.as_str(), |(g, _)| g);
-            if !groups.contains(&group) {
-                groups.push(group);
-            }
-        }
-        let get = |group: &str, variant: &str| {
-            self.found
-                .iter()
-                .rev()
-                .find(|(id, _)| {
-                    id.strip_prefix(group).and_then(|r| r.strip_prefix('/')) == Some(variant)
-                })
-                .map(|(_, ns)| *ns)
-        };
-        let mut out = format!(
-            "{:<36} {:>12} {:>12} {:>11}\n",
-            "benchmark", "evchan", "raw", "evchan/raw"
-        );
-        let mut complete = !groups.is_empty();
-        for group in groups {
-            let raw = get(group, BASELINE);
-            let mut variants: Vec<&str> = Vec::new();
-            for (id, _) in &self.found {
-                let variant = id.strip_prefix(group).and_then(|r| r.strip_prefix('/'));
-                if let Some(v) = variant.filter(|v| *v != BASELINE && !variants.contains(v)) {
-                    variants.push(v);
-                }
-            }
-            if variants.is_empty() || raw.is_none() {
-                complete = false;
-            }
-            for variant in variants {
-                let ours = get(group, variant).unwrap_or(f64::NAN);
-                let name = if variant == "evchan" {
-                    group.to_owned()
-                } else {
-                    format!("{group} ({variant})")
-                };
-                let ratio = raw.map_or_else(|| "-".to_owned(), |r| format!("{:.2}", ours / r));
-                let raw = raw.map_or_else(|| "-".to_owned(), time);
-                let _ = writeln!(out, "{name:<36} {:>12} {raw:>12} {ratio:>11}", time(ours));
-            }
-        }
-        (out, complete)
-    }
-}
-
-/// `value` in criterion's `unit` (ps, ns, µs, ms, s) as nanoseconds.
-fn nanos(value: &str, unit: &str) -> Option<f64> {
-    let v: f64 = value.parse().ok()?;
-    let scale = match unit {
-        "ps" => 1e-3,
-        "ns" => 1.0,
-        "µs" | "μs" | "us" => 1e3,
-        "ms" => 1e6,
-        "s" => 1e9,
-        _ => return None,
-    };
-    Some(v * scale)
-}
-
-/// Nanoseconds, printed in a unit that suits them.
-fn time(ns: f64) -> String {
-    if ns < 1e3 {
-        format!("{ns:.1} ns")
-    } else if ns < 1e6 {
-        format!("{:.2} µs", ns / 1e3)
-    } else {
-        format!("{:.2} ms", ns / 1e6)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn reads_criterion_results_short_and_long_ids() {
-        let mut e = Estimates::default();
-        for line in [
-            "Benchmarking cm_event/empty_read/raw: Analyzing",
-            "cm_event/empty_read/raw",
-            "                        time:   [1.0000 µs 1.2000 µs 1.4000 µs]",
-            "Found 3 outliers among 100 measurements (3.00%)",
-            "Benchmarking g/evchan: Analyzing",
-            "g/evchan                time:   [2.9 µs 3.0 µs 3.1 µs]",
-            "g/raw                   time:   [1.4 µs 1.5 µs 1.6 µs]",
-            "                        change: [-1.0% +0.5% +2.0%] (p = 0.50 > 0.05)",
-            "cm_event/empty_read/evchan",
-            "                        time:   [900.00 ns 960.00 ns 1.0000 µs]",
-            "h/evchan                time:   [1.0 ms 1.0 ms 1.0 ms]",
-        ] {
-            e.add_line(line);
-        }
-        assert_eq!(
-            e.found,
-            vec![
-                ("cm_event/empty_read/raw".to_owned(), 1200.0),
-                ("g/evchan".to_owned(), 3000.0),
-                ("g/raw".to_owned(), 1500.0),
-                ("cm_event/empty_read/evchan".to_owned(), 960.0),
-                ("h/evchan".to_owned(), 1e6),
-            ]
-        );
-        let (table, complete) = e.table();
-        assert!(!complete, "h has no baseline");
-        assert!(
-            table.contains("cm_event/empty_read") && table.contains("0.80"),
-            "{table}"
-        );
-        assert!(table.contains("g ") && table.contains("2.00"), "{table}");
-    }
-
-    #[test]
-    fn units() {
-        assert_eq!(nanos("1.5", "µs"), Some(1500.0));
-        assert_eq!(nanos("2", "ms"), Some(2e6));
-        assert_eq!(nanos("500", "ps"), Some(0.5));
-        assert_eq!(nanos("x", "ns"), None);
-        assert_eq!(time(1500.0), "1.50 µs");
-        assert_eq!(time(12.25), "12.2 ns");
+    fn options_parse() {
+        let a = |v: &[&str]| v.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
+        let o = options(&a(&["--vm", "--save", "base-1", "--", "poll"])).unwrap();
+        assert!(o.force_vm && o.callgrind);
+        assert_eq!(o.save.as_deref(), Some("base-1"));
+        assert_eq!(o.criterion, a(&["poll"]));
+        assert!(options(&a(&["--save", "x", "--compare", "y"])).is_err());
+        assert!(options(&a(&["--compare"])).is_err());
+        assert!(options(&a(&["--save", "../x"])).is_err());
+        assert!(!options(&a(&["--no-callgrind"])).unwrap().callgrind);
+        assert!(options(&a(&["--frob"])).is_err());
     }
 }

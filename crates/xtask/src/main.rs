@@ -52,10 +52,16 @@ tasks:
                         with `N passed, N failed, N skipped`, each test counted once
   test --two-hosts      only the two-VM steps: rping, then each NAME_server / NAME_client pair
                         of every tests/device_two_host*.rs in a two-VM boot of its own
-  bench [--vm] [-- ARGS] build benches/ (bench profile) and run them in the VM (natively on an
-                        ACTIVE RDMA port, unless --vm) with short criterion settings; ARGS go to
-                        criterion (e.g. a filter). Prints each benchmark's evchan and raw-FFI
-                        times from the same run and their ratio (under TCG only ratios count)
+  bench [--vm] [--save NAME | --compare NAME] [--no-callgrind] [-- ARGS]
+                        build benches/ (bench profile) and run them in the VM (natively on an
+                        ACTIVE RDMA port unless --vm), then count each operation's instructions
+                        under callgrind in the same boot (--no-callgrind: not). Prints each
+                        figure's median against its raw-FFI baseline's and writes
+                        docs/BENCHMARKS.md and docs/bench-latency.svg. --save NAME: keep the run
+                        as criterion's baseline NAME, its ratios in
+                        target/criterion/evchan-ratios-NAME.json; --compare NAME: compare
+                        against them, flag each ratio more than 5 % worse, and exit 1 if any is.
+                        ARGS go to criterion (e.g. a filter).
   demo [--vm] [OPTS]    build examples/echo_server.rs and echo_client.rs and run them against a
                         device (the VM by default): 4 connections × 250 ping-pongs of 64 bytes;
                         prints setup times, round-trip percentiles (p50/p99/p99.9), messages/s

@@ -26,6 +26,14 @@ pub const PACKAGES: &[(&str, &str)] = &[
     ("libclang-dev", "bindgen in rdma-sys"),
     ("pkg-config", "finding rdma-core (rdma-sys)"),
     ("iproute2", "ip and rdma inside the VM"),
+    (
+        "valgrind",
+        "callgrind: instructions per operation (cargo xtask bench)",
+    ),
+    (
+        "linux-perf",
+        "profiling the benchmarks in the VM (perf record)",
+    ),
 ];
 
 /// The unpacked VM kernel: its version, `vmlinuz` and its module tree.

@@ -5,7 +5,9 @@
 //!
 //! Every test is counted once, as passed, failed or skipped, and the total is checked against
 //! the tests that exist. Checks of the ladder itself (fmt, clippy, docs, cargo-deny, the fuzz
-//! targets, the VM runner's promises, two-host rping) count as one test each.
+//! targets, the VM runner's promises, two-host rping) count as one test each, and so does each
+//! benchmark executable (`benches/*.rs`, test profile), run once in the device tests' VM boot
+//! after them with criterion's `--test` (each benchmark one iteration): it passes when it exits 0.
 //!
 //! - Native (`cargo test --workspace`): libtest's `test NAME ... RESULT` lines of every binary
 //!   and doc-test run; `ignored` is skipped; a binary that ends before its `test result:` line
@@ -40,7 +42,7 @@ use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::cargo::{cargo, test_executables};
+use crate::cargo::{cargo, executables, test_executables};
 use crate::libtest::{self, name_list, CargoTestLog, DeviceLog, Verdict};
 use crate::{fuzz, host_has_active_rdma_port, setup, vm, Result};
 
@@ -211,7 +213,20 @@ pub fn run(args: &[String]) -> Result<i32> {
     // A `device_two_host*` binary needs two hosts: it runs (and counts) in the two-VM checks.
     let (two_host, one_host): (Vec<_>, Vec<_>) =
         listed.into_iter().partition(|b| is_two_host(&b.label));
-    device_tests(&mut t, place, &one_host);
+    // The benchmarks (benches/*.rs), built in the test profile, each run once in the same boot.
+    let start = Instant::now();
+    let benches = match executables(&["test", "--workspace", "--benches"], "bench", "") {
+        Ok(found) => found
+            .into_iter()
+            .map(|(name, exe, _)| (name, exe))
+            .collect(),
+        Err(e) => {
+            eprintln!("xtask: {e}");
+            t.gate("benchmark executables build", false, start.elapsed());
+            Vec::new()
+        }
+    };
+    device_tests(&mut t, place, &one_host, &benches);
     two_hosts(&mut t);
     for b in &two_host {
         evchan_two_hosts(&mut t, b);
@@ -356,7 +371,7 @@ fn run_merged(mut cmd: Command, on_line: &mut dyn FnMut(&str)) -> Result<bool> {
 /// test may have changed for the others (rxe0 deleted, dummy0 down), saying so, so that no
 /// binary depends on the order of the binaries; at the end it lists what `rdma resource show`
 /// still has of any process.
-fn device_script(bins: &[DeviceBin], reset: bool) -> String {
+fn device_script(bins: &[DeviceBin], reset: bool, extra: &str) -> String {
     let mut s = String::from(
         r#"status=0
 say() { echo "evchan-test: $*"; }
@@ -399,6 +414,7 @@ say() { echo "evchan-test: $*"; }
             vm::shell_join(&[b.label.clone(), b.exe.display().to_string()])
         );
     }
+    s.push_str(extra);
     if reset {
         s.push_str(
             r#"left=$(for r in cm_id qp cq pd mr ctx srq; do rdma resource show $r 2>/dev/null | grep ' pid '; done)
@@ -415,12 +431,38 @@ rdma resource show
     s
 }
 
+/// The shell lines that run each benchmark executable once, briefly (criterion's `--test`:
+/// every benchmark one iteration), between markers, after the device tests.
+fn bench_script(benches: &[(String, PathBuf)]) -> String {
+    if benches.is_empty() {
+        return String::new();
+    }
+    let mut s = String::from(
+        "for d in /tmp /var/tmp /dev/shm /run; do\n\
+         \x20   mkdir -p \"$d/evchan-criterion-test\" 2>/dev/null && : >\"$d/evchan-criterion-test/w\" 2>/dev/null &&\n\
+         \x20       { export CRITERION_HOME=\"$d/evchan-criterion-test\"; break; }\n\
+         done\n",
+    );
+    for (name, exe) in benches {
+        let _ = writeln!(
+            s,
+            "echo '@@evchan-bench-begin {name}'\n\
+             timeout 600 {} --test 2>&1\n\
+             rc=$?\n\
+             echo \"@@evchan-bench-end {name} $rc\"\n\
+             [ $rc -eq 0 ] || status=1",
+            vm::shell_join(&[exe.display().to_string()])
+        );
+    }
+    s
+}
+
 /// Without a device: each device test must skip (its `skipping` line, `ok`), and must fail
 /// under `EVCHAN_REQUIRE_DEVICE=1` — per test, not per binary. A check, not counted
 /// as the tests themselves (they count where a device is).
 fn native_device_checks(t: &mut Tally, bins: &[DeviceBin]) {
     let start = Instant::now();
-    let script = device_script(bins, false);
+    let script = device_script(bins, false, "");
     let mut wrong: Vec<(String, String)> = Vec::new();
     let mut skipped = 0;
     for require in [false, true] {
@@ -473,14 +515,26 @@ fn native_device_checks(t: &mut Tally, bins: &[DeviceBin]) {
 /// Runs every device test with EVCHAN_REQUIRE_DEVICE=1 in one VM boot (or natively), and
 /// counts each one listed: a test that never reported fails by name, saying how its binary
 /// ended (crashed, aborted, timed out, or the VM run ended first).
-fn device_tests(t: &mut Tally, place: Place, bins: &[DeviceBin]) {
+fn device_tests(t: &mut Tally, place: Place, bins: &[DeviceBin], benches: &[(String, PathBuf)]) {
     let start = Instant::now();
-    let script = device_script(bins, place == Place::Vm);
+    let script = device_script(bins, place == Place::Vm, &bench_script(benches));
     let mut log = DeviceLog::default();
     let mut leftovers = Vec::new();
     let mut clean = false;
+    let mut bench_ends: Vec<(String, i32, Duration)> = Vec::new();
+    let mut bench_began = Instant::now();
     let mut on_line = |line: &str| {
         println!("{line}");
+        if line.starts_with("@@evchan-bench-begin ") {
+            bench_began = Instant::now();
+        }
+        if let Some((name, rc)) = line
+            .strip_prefix("@@evchan-bench-end ")
+            .and_then(|l| l.rsplit_once(' '))
+        {
+            let rc = rc.parse().unwrap_or(-1);
+            bench_ends.push((name.to_owned(), rc, bench_began.elapsed()));
+        }
         if let Some(l) = line.strip_prefix("@@evchan-leftover ") {
             leftovers.push(l.to_owned());
         }
@@ -534,6 +588,21 @@ fn device_tests(t: &mut Tally, place: Place, bins: &[DeviceBin]) {
     }
     let expected = verdicts.len() as u64;
     t.tests(name, &verdicts, expected, start.elapsed());
+    // Each benchmark executable, run once briefly in the same boot: one check each.
+    for (bench, _) in benches {
+        let end = bench_ends.iter().find(|(n, _, _)| n == bench);
+        let ok = end.is_some_and(|(_, rc, _)| *rc == 0);
+        if end.is_none() {
+            eprintln!("xtask: benchmark {bench} never reported its end");
+        }
+        t.gate(
+            &format!(
+                "benchmark {bench}, each figure once (criterion --test), with the device tests"
+            ),
+            ok,
+            end.map_or(Duration::ZERO, |e| e.2),
+        );
+    }
     for (bin, (lost, of)) in lost_by_bin.into_iter().filter(|(_, (l, _))| *l > 0) {
         t.report.push(format!(
             "        {bin} lost {lost} of its {of} tests (named above)"
@@ -820,5 +889,33 @@ pub fn demo(args: &[String]) -> Result<i32> {
             };
             Ok(vm::run(&job, &mut |l| println!("{l}"))?.code)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bench_script_runs_each_bench_once_between_markers() {
+        assert_eq!(bench_script(&[]), "");
+        let s = bench_script(&[
+            ("cm_event".into(), PathBuf::from("/t/cm_event-1")),
+            ("cq_event".into(), PathBuf::from("/t/cq_event-2")),
+        ]);
+        for name in ["cm_event", "cq_event"] {
+            assert!(
+                s.contains(&format!("echo '@@evchan-bench-begin {name}'")),
+                "{s}"
+            );
+            assert!(s.contains(&format!("@@evchan-bench-end {name} $rc")), "{s}");
+        }
+        assert!(
+            s.contains("/t/cm_event-1 --test") && s.contains("status=1"),
+            "{s}"
+        );
+        let script = device_script(&[], true, &s);
+        let (before, after) = script.split_once("@@evchan-bench-begin").unwrap();
+        assert!(before.contains("CRITERION_HOME") && after.contains("@@evchan-no-leftovers"));
     }
 }

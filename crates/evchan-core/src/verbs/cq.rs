@@ -153,10 +153,12 @@ impl<'ch> Cq<'ch> {
     /// # Errors
     /// [`Error::Io`] with the `ibv_poll_cq` error.
     #[doc(alias = "ibv_poll_cq")]
+    #[inline]
     pub fn poll_one(&self) -> Result<Option<WorkCompletion>> {
-        let mut buf = [ffi::RawWc::default(); 1];
-        let n = self.raw.poll(&mut buf).map_err(Error::io("ibv_poll_cq"))?;
-        Ok((n == 1).then_some(WorkCompletion { raw: buf[0] }))
+        match self.raw.poll_one() {
+            Ok(wc) => Ok(wc.map(|raw| WorkCompletion { raw })),
+            Err(e) => Err(Error::io("ibv_poll_cq")(e)),
+        }
     }
 
     /// The event-driven wait loop for this CQ alone: [`CompChannel::wait`] with `[self]`.

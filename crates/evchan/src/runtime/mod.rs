@@ -15,8 +15,8 @@
 //! channels, PDs, contexts, then event channels.
 
 mod conn;
-mod removal;
 mod half_open;
+mod removal;
 mod shard;
 
 use std::net::SocketAddr;

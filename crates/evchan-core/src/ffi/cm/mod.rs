@@ -63,7 +63,6 @@ use std::io;
 use std::os::fd::BorrowedFd;
 use std::ptr::{self, NonNull};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
-use std::time::Duration;
 
 use evchan_sys as sys;
 
@@ -140,12 +139,20 @@ impl RawChannel {
     ///
     /// The gate is held shared, and the read lock, until the event is counted against its id
     /// (module docs).
+    ///
+    /// The read lock is taken first and the gate only once an event is queued, so that an empty
+    /// read costs one lock and one `poll`. Nothing holds the gate while waiting for the read
+    /// lock (destroys and migrates never take it), so the order cannot deadlock; a destroy
+    /// that runs between the poll and the gate may take the queued event with it (the kernel
+    /// drops a destroyed id's queued events), and the read then ends in `EAGAIN`, which
+    /// `O_NONBLOCK`, set again below, guarantees.
+    #[inline]
     pub(crate) fn get_event(&self) -> io::Result<RawEvent<'_>> {
-        let _reading = self.gate.read().unwrap_or_else(PoisonError::into_inner);
         let _serial = self.reads.lock().unwrap_or_else(PoisonError::into_inner);
-        if !sys::fd::poll_readable(self.fd(), Some(Duration::ZERO))? {
+        if !super::readable_now(self.fd())? {
             return Err(io::Error::from_raw_os_error(libc::EAGAIN));
         }
+        let _reading = self.gate.read().unwrap_or_else(PoisonError::into_inner);
         // For librdmacm's retries inside the call (module docs); a no-op unless someone
         // cleared the flag through a dup of the descriptor.
         sys::fd::set_nonblocking(self.fd(), true)?;

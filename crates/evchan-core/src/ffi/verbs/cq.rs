@@ -7,7 +7,6 @@ use std::os::fd::BorrowedFd;
 use std::ptr::{self, NonNull};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Mutex, PoisonError};
-use std::time::Duration;
 
 use evchan_sys as sys;
 use libc::{c_int, c_void};
@@ -70,7 +69,7 @@ impl<'ctx> CompChannel<'ctx> {
     /// whatever the fd's flags (see the type's docs).
     pub(crate) fn get_cq_event(&self) -> io::Result<Option<CqEventAck>> {
         let _serial = self.reads.lock().unwrap_or_else(PoisonError::into_inner);
-        if !sys::fd::poll_readable(self.fd(), Some(Duration::ZERO))? {
+        if !crate::ffi::readable_now(self.fd())? {
             return Ok(None);
         }
         let mut cq: *mut sys::ibv_cq = ptr::null_mut();
@@ -223,6 +222,23 @@ impl<'ch> Cq<'ch> {
             *slot = RawWc::read(unsafe { wc.assume_init_ref() });
         }
         Ok(got.min(n))
+    }
+
+    /// `ibv_poll_cq` for one completion, straight into one `ibv_wc` (no batch buffer): the
+    /// fast path of [`crate::verbs::Cq::poll_one`], an empty poll above all.
+    #[inline]
+    pub(crate) fn poll_one(&self) -> io::Result<Option<RawWc>> {
+        let mut wc = MaybeUninit::<sys::ibv_wc>::uninit();
+        // SAFETY: live CQ; `wc` has room for the one entry asked for.
+        let got = unsafe { sys::ibv_poll_cq(self.ptr.as_ptr(), 1, wc.as_mut_ptr()) };
+        match got {
+            0 => Ok(None),
+            // SAFETY: ibv_poll_cq initialised the one entry it returned.
+            1 => Ok(Some(RawWc::read(unsafe { wc.assume_init_ref() }))),
+            n if n < 0 => Err(io::Error::from_raw_os_error(n.unsigned_abs() as i32)),
+            // More than asked for: a provider bug; report it rather than trust `wc`.
+            _ => Err(io::Error::from_raw_os_error(libc::EIO)),
+        }
     }
 
     /// Acks every deferred event now (`ibv_ack_cq_events` with the count).
