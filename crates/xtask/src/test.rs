@@ -397,7 +397,7 @@ say() { echo "evchan-test: $*"; }
     s.push_str(
         r#"run() {
     echo "@@evchan-test-begin $1"
-    timeout 900 "$2" --nocapture --test-threads=1 2>&1
+    timeout 1800 "$2" --nocapture --test-threads=1 2>&1
     rc=$?
     echo "@@evchan-test-end $1 $rc"
     [ $rc -eq 0 ] || status=1
@@ -546,7 +546,7 @@ fn device_tests(t: &mut Tally, place: Place, bins: &[DeviceBin], benches: &[(Str
             let job = vm::Job {
                 command: script,
                 env: vec![("EVCHAN_REQUIRE_DEVICE".into(), "1".into())],
-                timeout: Duration::from_secs(3000),
+                timeout: Duration::from_secs(3600),
                 ..vm::Job::default()
             };
             let end = match vm::run(&job, &mut on_line) {
