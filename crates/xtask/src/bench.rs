@@ -37,6 +37,9 @@ const BASELINE: &str = "raw";
 
 /// `cargo xtask bench [--vm] [-- CRITERION_ARGS...]`
 pub fn run(args: &[String]) -> Result<i32> {
+    if args.iter().any(|a| a == "--tools") {
+        return crate::bench_tools::run(args.iter().any(|a| a == "--quick")).map(|_| 0);
+    }
     let started = Instant::now();
     let (ours, extra) = match args.iter().position(|a| a == "--") {
         Some(i) => (&args[..i], &args[i + 1..]),

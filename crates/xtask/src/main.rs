@@ -3,12 +3,14 @@
 //! - `setup`: install the Debian packages the project needs, fetch and unpack the VM's kernel.
 //! - `vm`: run a command inside a soft-RoCE VM (one host, or two on a virtual wire).
 //! - `test`: the whole ladder: formatting, lints, native tests, device tests in the VM.
-//! - `bench`: the criterion benchmarks on a device (the VM), as ratios against raw FFI.
+//! - `bench`: the criterion benchmarks on a device (the VM), as ratios against raw FFI;
+//!   `--tools`: against rdma-core's `cmtime` and `ib_send_lat` in one VM boot.
 //! - `demo`: the async echo server and client with their figures, in the VM (or natively on an
 //!   RDMA host); `--core` for the core layer's resolve-only smoke run.
 //! - `fuzz`: the cargo-fuzz targets of `fuzz/`, with the address sanitizer.
 
 mod bench;
+mod bench_tools;
 mod cargo;
 mod demo;
 mod fuzz;
@@ -48,6 +50,9 @@ tasks:
                         ACTIVE RDMA port, unless --vm) with short criterion settings; ARGS go to
                         criterion (e.g. a filter). Prints each benchmark's evchan and raw-FFI
                         times from the same run and their ratio (under TCG only ratios count)
+  bench --tools [--quick] against rdma-core's tools in one VM boot: connection setup step by step
+                        vs cmtime, 64 B ping-pong vs ib_send_lat -R [-e], CM events/s through
+                        1, 2, 4 channels; prints a markdown section (--quick: fewer rounds)
   demo [--vm] [OPTS]    build examples/echo_server.rs and echo_client.rs and run them against a
                         device (the VM by default): 4 connections × 250 ping-pongs of 64 bytes;
                         prints setup times, round-trip percentiles (p50/p99/p99.9), messages/s
