@@ -3,13 +3,14 @@
 //! Run by `cargo xtask bench --tools` in the soft-RoCE VM.
 //!
 //! ```text
-//! tools_events --channels N [--connections C] [--addr IP:PORT]
+//! tools_events --channels N [--connections C] [--in-flight K] [--addr IP:PORT]
 //! ```
 //!
 //! One process holds both sides: a `Listener` and C connections to it (default 256), all on
 //! the same N shards. Timed from the first `connect` until every connection is closed on both
-//! sides: C connects at once (each accepted by the server as it comes), then C closes at once,
-//! each server side ending when its `recv` sees the close.
+//! sides: C connects, at most K in flight at once (default 32; all 256 at once overran the
+//! kernel CM's connect timeout on a loaded 2-core host), each accepted by the server as it
+//! comes, then C closes at once, each server side ending when its `recv` sees the close.
 //!
 //! The events counted are the rdma_cm events this work delivers, 7 per connection: on the
 //! connecting id `ADDR_RESOLVED`, `ROUTE_RESOLVED`, `ESTABLISHED`, `DISCONNECTED`; on the
@@ -28,13 +29,15 @@ mod tools_support;
 use tools_support::{emit, fail};
 
 const PROGRAM: &str = "tools_events";
-const USAGE: &str = "usage: tools_events --channels N [--connections C] [--addr IP:PORT]";
+const USAGE: &str =
+    "usage: tools_events --channels N [--connections C] [--in-flight K] [--addr IP:PORT]";
 /// CM events per connection, both sides (see the file's doc).
 const EVENTS_PER_CONNECTION: usize = 7;
 
 fn main() -> ExitCode {
     let mut channels = 0usize;
     let mut conns = 256usize;
+    let mut in_flight = 32usize;
     let mut addr = SocketAddr::from(([169, 254, 77, 1], 7480));
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -46,14 +49,15 @@ fn main() -> ExitCode {
         match flag.as_str() {
             "--channels" => channels = value.parse().unwrap_or_else(|e| bad(&e)),
             "--connections" => conns = value.parse().unwrap_or_else(|e| bad(&e)),
+            "--in-flight" => in_flight = value.parse().unwrap_or_else(|e| bad(&e)),
             "--addr" => addr = value.parse().unwrap_or_else(|e| bad(&e)),
             _ => fail(PROGRAM, format!("unknown argument `{flag}`\n{USAGE}")),
         }
     }
-    if channels == 0 || conns == 0 {
+    if channels == 0 || conns == 0 || in_flight == 0 {
         fail(
             PROGRAM,
-            format!("--channels and --connections must be at least 1\n{USAGE}"),
+            format!("--channels, --connections and --in-flight must be at least 1\n{USAGE}"),
         );
     }
     if !tools_support::device_present(PROGRAM) {
@@ -63,13 +67,13 @@ fn main() -> ExitCode {
         .enable_all()
         .build()
         .unwrap_or_else(|e| fail(PROGRAM, format!("tokio: {e}")));
-    match rt.block_on(run(addr, channels, conns)) {
+    match rt.block_on(run(addr, channels, conns, in_flight)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => fail(PROGRAM, e),
     }
 }
 
-async fn run(addr: SocketAddr, channels: usize, n: usize) -> Result<(), Error> {
+async fn run(addr: SocketAddr, channels: usize, n: usize, in_flight: usize) -> Result<(), Error> {
     let config = Config::new()
         .shards(channels)
         .backlog(u32::try_from(n).unwrap_or(u32::MAX).max(128))
@@ -105,11 +109,16 @@ async fn run(addr: SocketAddr, channels: usize, n: usize) -> Result<(), Error> {
         Ok::<_, Error>(())
     });
     let mut connects = tokio::task::JoinSet::new();
+    let mut conns = Vec::with_capacity(n);
     for _ in 0..n {
+        if connects.len() >= in_flight {
+            if let Some(joined) = connects.join_next().await {
+                conns.push(joined.unwrap_or_else(|e| fail(PROGRAM, e))?);
+            }
+        }
         let c = config.clone();
         connects.spawn(async move { Connection::builder().config(c).connect(addr).await });
     }
-    let mut conns = Vec::with_capacity(n);
     while let Some(joined) = connects.join_next().await {
         conns.push(joined.unwrap_or_else(|e| fail(PROGRAM, e))?);
     }
@@ -130,6 +139,7 @@ async fn run(addr: SocketAddr, channels: usize, n: usize) -> Result<(), Error> {
             ("layer", "async".to_owned()),
             ("channels", channels.to_string()),
             ("conns", n.to_string()),
+            ("in_flight", in_flight.to_string()),
             ("events", events.to_string()),
             ("connect_s", format!("{:.4}", connected.as_secs_f64())),
             ("wall_s", format!("{:.4}", wall.as_secs_f64())),
