@@ -1,12 +1,13 @@
 //! CM events per second for many connections through 1, 2 or 4 event channels, with the async
-//! `evchan` API (`Config::shards(n)`: one rdma_cm event channel, and one thread, per shard).
-//! Run by `cargo xtask bench --tools` in the soft-RoCE VM.
+//! `evchan` API (`Config::shards(n)`: one rdma_cm event channel, and one thread, per shard) or
+//! with `evchan-core` (`--layer core`: N threads, each draining its own channel). Run by
+//! `cargo xtask bench --tools` in the soft-RoCE VM.
 //!
 //! ```text
-//! tools_events --channels N [--connections C] [--in-flight K] [--addr IP:PORT]
+//! tools_events --channels N [--layer async|core] [--connections C] [--in-flight K] [--addr IP:PORT]
 //! ```
 //!
-//! One process holds both sides: a `Listener` and C connections to it (default 256), all on
+//! `async`: one process holds both sides: a `Listener` and C connections to it (default 256), all on
 //! the same N shards. Timed from the first `connect` until every connection is closed on both
 //! sides: C connects, at most K in flight at once (default 32; all 256 at once overran the
 //! kernel CM's connect timeout on a loaded 2-core host), each accepted by the server as it
@@ -18,6 +19,15 @@
 //! count is the protocol's, not read from evchan's internals; a `TIMEWAIT_EXIT`, which the
 //! kernel may deliver after a `DISCONNECTED`, is not counted.) events/s = 7 × C ÷ the wall time;
 //! the phases' wall times are printed too.
+//!
+//! `core`: N threads, each with its own event channel, its own listener (port + 1 + its number)
+//! and C ÷ N of the connections, driving both sides from its one blocking `get_event` loop: an
+//! id is created and resolved (at most ⌈K ÷ N⌉ in flight per thread), on `ROUTE_RESOLVED` it
+//! gets its QP (one send, one receive work request, CQs by librdmacm) and connects, each
+//! `CONNECT_REQUEST` is accepted at once, the connecting side disconnects on its
+//! `ESTABLISHED`, each side destroys its id on its `DISCONNECTED` (the accepted side after its
+//! own `rdma_disconnect`). Here the events are counted as read, every kind; events/s = that
+//! count ÷ the wall time from the threads' common start to the last one's end.
 
 use std::net::SocketAddr;
 use std::process::ExitCode;
@@ -30,7 +40,7 @@ use tools_support::{emit, fail};
 
 const PROGRAM: &str = "tools_events";
 const USAGE: &str =
-    "usage: tools_events --channels N [--connections C] [--in-flight K] [--addr IP:PORT]";
+    "usage: tools_events --channels N [--layer async|core] [--connections C] [--in-flight K] [--addr IP:PORT]";
 /// CM events per connection, both sides (see the file's doc).
 const EVENTS_PER_CONNECTION: usize = 7;
 
@@ -38,6 +48,7 @@ fn main() -> ExitCode {
     let mut channels = 0usize;
     let mut conns = 256usize;
     let mut in_flight = 32usize;
+    let mut layer = "async".to_owned();
     let mut addr = SocketAddr::from(([169, 254, 77, 1], 7480));
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -49,6 +60,7 @@ fn main() -> ExitCode {
         match flag.as_str() {
             "--channels" => channels = value.parse().unwrap_or_else(|e| bad(&e)),
             "--connections" => conns = value.parse().unwrap_or_else(|e| bad(&e)),
+            "--layer" => layer = value,
             "--in-flight" => in_flight = value.parse().unwrap_or_else(|e| bad(&e)),
             "--addr" => addr = value.parse().unwrap_or_else(|e| bad(&e)),
             _ => fail(PROGRAM, format!("unknown argument `{flag}`\n{USAGE}")),
@@ -62,6 +74,14 @@ fn main() -> ExitCode {
     }
     if !tools_support::device_present(PROGRAM) {
         return ExitCode::SUCCESS;
+    }
+    if layer == "core" {
+        return match core(addr, channels, conns, in_flight) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => fail(PROGRAM, e),
+        };
+    } else if layer != "async" {
+        fail(PROGRAM, format!("unknown layer `{layer}`\n{USAGE}"));
     }
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -77,17 +97,17 @@ async fn run(addr: SocketAddr, channels: usize, n: usize, in_flight: usize) -> R
     let config = Config::new()
         .shards(channels)
         .backlog(u32::try_from(n).unwrap_or(u32::MAX).max(128))
-        .connect_timeout(Duration::from_secs(120))
+        .connect_timeout(Duration::from_secs(60))
         .max_message(64)
         .recv_depth(4)
         .send_depth(4);
     let listener = Listener::bind(addr, config.clone()).await?;
     // Starts the runtime's shards before the timing, and checks the pair works.
-    let warm = Connection::builder()
-        .config(config.clone())
-        .connect(addr)
-        .await?;
-    let mut served = listener.accept().await?.accept(&[]).await?;
+    let (warm, served) = tokio::join!(
+        Connection::builder().config(config.clone()).connect(addr),
+        async { listener.accept().await?.accept(&[]).await },
+    );
+    let (warm, mut served) = (warm?, served?);
     warm.close().await;
     while served.recv().await?.is_some() {}
     served.close().await;
@@ -150,4 +170,165 @@ async fn run(addr: SocketAddr, channels: usize, n: usize, in_flight: usize) -> R
         ],
     );
     Ok(())
+}
+
+/// The `core` layer (see the file's doc).
+fn core(addr: SocketAddr, channels: usize, n: usize, in_flight: usize) -> Result<(), String> {
+    let barrier = std::sync::Barrier::new(channels + 1);
+    let per_thread = in_flight.div_ceil(channels);
+    let (wall, counted) = std::thread::scope(|s| {
+        let threads: Vec<_> = (0..channels)
+            .map(|t| {
+                let share = n / channels + usize::from(t < n % channels);
+                let port = addr.port() + 1 + u16::try_from(t).expect("few channels");
+                let at = SocketAddr::new(addr.ip(), port);
+                let barrier = &barrier;
+                s.spawn(move || core_thread(at, share, per_thread, barrier))
+            })
+            .collect();
+        barrier.wait();
+        let t0 = Instant::now();
+        let mut counted = Ok(0usize);
+        for t in threads {
+            let r = t
+                .join()
+                .unwrap_or_else(|_| Err("a thread panicked".to_owned()));
+            counted = match (counted, r) {
+                (Ok(a), Ok(b)) => Ok(a + b),
+                (Err(e), _) | (_, Err(e)) => Err(e),
+            };
+        }
+        (t0.elapsed(), counted)
+    });
+    let events = counted?;
+    emit(
+        "events",
+        &[
+            ("layer", "core".to_owned()),
+            ("channels", channels.to_string()),
+            ("conns", n.to_string()),
+            ("in_flight", in_flight.to_string()),
+            ("events", events.to_string()),
+            ("wall_s", format!("{:.4}", wall.as_secs_f64())),
+            (
+                "events_per_s",
+                format!("{:.1}", events as f64 / wall.as_secs_f64()),
+            ),
+        ],
+    );
+    Ok(())
+}
+
+/// One `core` thread: its channel, listener and `k` connections, both sides; the events read.
+fn core_thread(
+    addr: SocketAddr,
+    k: usize,
+    in_flight: usize,
+    barrier: &std::sync::Barrier,
+) -> Result<usize, String> {
+    use std::collections::{HashMap, HashSet};
+
+    use evchan_core::cm::state::{AddrResolved, Connected, RouteResolved};
+    use evchan_core::cm::{AnyId, ConnParam, EventKind, IdKey, PortSpace};
+    use evchan_core::verbs::QpInit;
+    use evchan_core::{CmId, EventChannel};
+
+    let t = Duration::from_secs(10);
+    // Every thread reaches the barrier, even one that failed, so that none waits forever.
+    let ch = match EventChannel::new() {
+        Ok(ch) => ch,
+        Err(e) => {
+            barrier.wait();
+            return Err(e.to_string());
+        }
+    };
+    let ready = CmId::new(&ch, PortSpace::Tcp)
+        .map_err(|e| e.to_string())
+        .and_then(|id| {
+            id.bind(addr)
+                .map_err(|e| format!("rdma_bind_addr {addr}: {}", e.error))?
+                .listen(1024)
+                .map_err(|e| format!("rdma_listen: {}", e.error))
+        });
+    barrier.wait();
+    let listener = ready?;
+    let init = QpInit::new().max_send_wr(1).max_recv_wr(1);
+    let param = ConnParam::new().responder_resources(1).initiator_depth(1);
+    let mut ids: HashMap<IdKey, AnyId<'_>> = HashMap::new();
+    let mut clients: HashSet<IdKey> = HashSet::new();
+    let (mut started, mut clients_done, mut finished, mut events) = (0, 0, 0, 0usize);
+    while finished < 2 * k {
+        while started < k && started - clients_done < in_flight {
+            let id = CmId::new(&ch, PortSpace::Tcp)
+                .map_err(|e| e.to_string())?
+                .resolve_addr(None, addr, t)
+                .map_err(|e| format!("rdma_resolve_addr: {}", e.error))?;
+            clients.insert(id.key());
+            ids.insert(id.key(), id.erase());
+            started += 1;
+        }
+        let mut ev = ch.get_event().map_err(|e| e.to_string())?;
+        events += 1;
+        let key = ev.id();
+        let mut gone = None;
+        match ev.kind() {
+            EventKind::ConnectRequest => {
+                let mut req = ev
+                    .take_request()
+                    .ok_or("a CONNECT_REQUEST without its id")?;
+                req.create_qp(&init).map_err(|e| e.to_string())?;
+                let id = req
+                    .accept(&param)
+                    .map_err(|e| format!("rdma_accept: {}", e.error))?;
+                ids.insert(id.key(), id.erase());
+            }
+            EventKind::AddrResolved | EventKind::RouteResolved | EventKind::Established => {
+                let id = ids.remove(&key).ok_or("an event of an unknown id")?;
+                let id = id.complete(&ev).map_err(|e| e.error.to_string())?;
+                let next = if id.is::<AddrResolved>() {
+                    let id = id
+                        .downcast::<AddrResolved>()
+                        .map_err(|e| e.error.to_string())?;
+                    id.resolve_route(t)
+                        .map_err(|e| e.error.to_string())?
+                        .erase()
+                } else if id.is::<RouteResolved>() {
+                    let mut id = id
+                        .downcast::<RouteResolved>()
+                        .map_err(|e| e.error.to_string())?;
+                    id.create_qp(&init).map_err(|e| e.to_string())?;
+                    id.connect(&param).map_err(|e| e.error.to_string())?.erase()
+                } else if id.is::<Connected>() && clients.contains(&key) {
+                    id.disconnect().map_err(|e| e.error.to_string())?
+                } else {
+                    id
+                };
+                ids.insert(key, next);
+            }
+            EventKind::Disconnected => {
+                let id = ids.remove(&key).ok_or("DISCONNECTED of an unknown id")?;
+                gone = Some(if clients.remove(&key) {
+                    clients_done += 1;
+                    id
+                } else {
+                    // The accepted side answers the peer's disconnect.
+                    id.disconnect().unwrap_or_else(|e| e.id)
+                });
+                finished += 1;
+            }
+            EventKind::TimewaitExit => {}
+            other => {
+                return Err(format!(
+                    "unexpected {} (status {})",
+                    other.name(),
+                    ev.raw_status()
+                ));
+            }
+        }
+        ev.ack();
+        // Destroyed after the ack, which rdma_destroy_id waits for.
+        drop(gone);
+    }
+    drop(listener);
+    Ok(events)
 }

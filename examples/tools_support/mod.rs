@@ -51,7 +51,7 @@ impl Stats {
 /// is the mean of the middle two).
 pub fn percentile(sorted: &[f64], p: f64) -> f64 {
     let n = sorted.len();
-    if p == 50.0 && n % 2 == 0 {
+    if p == 50.0 && n.is_multiple_of(2) {
         return (sorted[n / 2 - 1] + sorted[n / 2]) / 2.0;
     }
     let rank = ((p / 100.0) * n as f64).ceil() as usize;

@@ -65,7 +65,7 @@ pub fn run(quick: bool) -> Result<String> {
             cm_rounds: 3,
             lat_rounds: 3,
             iters: 300,
-            event_rounds: 3,
+            event_rounds: 2,
         }
     } else {
         Plan {
@@ -181,12 +181,15 @@ fn script(examples: &Path, plan: &Plan) -> String {
     }
     s.push_str("echo '@@tools phase events'\n");
     for _ in 0..plan.event_rounds {
-        for c in CHANNELS {
-            let _ = writeln!(
-                s,
-                "timeout 240 $E/tools_events --channels {c} --connections {EVENT_CONNS} \
-                 --in-flight {IN_FLIGHT} --addr $A:7480 || fail tools_events {c}"
-            );
+        for layer in ["async", "core"] {
+            for c in CHANNELS {
+                let _ = writeln!(
+                    s,
+                    "timeout 240 $E/tools_events --layer {layer} --channels {c} \
+                     --connections {EVENT_CONNS} --in-flight {IN_FLIGHT} --addr $A:7480 \
+                     || fail tools_events {layer} {c}"
+                );
+            }
         }
     }
     s.push_str("exit $status\n");
@@ -202,8 +205,10 @@ struct Results {
     cm_p99: BTreeMap<(String, String), Vec<f64>>,
     /// ("event"|"busy", "tool"|"ours") → (round-trip p50, p99) of each round, µs.
     lat: BTreeMap<(String, String), Vec<(f64, f64)>>,
-    /// Channels → events/s of each round.
-    events: BTreeMap<u32, Vec<f64>>,
+    /// (layer, channels) → events/s of each round.
+    events: BTreeMap<(String, u32), Vec<f64>>,
+    /// (layer) → the events counted in each run.
+    event_counts: BTreeMap<String, Vec<u64>>,
     /// The `mode` of the last `@@tools isl` marker: the next result line is its.
     isl_mode: Option<String>,
     failures: Vec<String>,
@@ -254,11 +259,18 @@ impl Results {
             }
         } else if let Some(rest) = line.strip_prefix("@tools events ") {
             let f = fields(rest);
-            if let (Some(c), Some(rate)) = (
+            if let (Some(layer), Some(c), Some(count), Some(rate)) = (
+                f.get("layer"),
                 f.get("channels").and_then(|c| c.parse().ok()),
+                f.get("events").and_then(|c| c.parse().ok()),
                 num(&f, "events_per_s"),
             ) {
-                self.events.entry(c).or_default().push(rate);
+                let layer = (*layer).to_owned();
+                self.events
+                    .entry((layer.clone(), c))
+                    .or_default()
+                    .push(rate);
+                self.event_counts.entry(layer).or_default().push(count);
             }
         } else if let Some((name, values)) = line.split_once(':') {
             // cmtime 44: `%-13s: total_ms max_ms min_us us_per_conn`.
@@ -438,28 +450,46 @@ impl Results {
 
         let _ = write!(
             out,
-            "\n### CM events per second, {EVENT_CONNS} connections (async API)\n\n\
-             `tools_events`: one process holds both sides (a `Listener` and {EVENT_CONNS} \
-             connections to it) on `Config::shards(n)`, one event channel and thread per shard; \
-             {EVENT_CONNS} connects at once, then {EVENT_CONNS} closes; events = 7 per connection \
-             (ADDR_RESOLVED, ROUTE_RESOLVED, ESTABLISHED, DISCONNECTED on the connecting id; \
-             CONNECT_REQUEST on the listener; ESTABLISHED, DISCONNECTED on the accepted id) ÷ the \
-             wall time. Baseline: 1 channel, same boot. The VM has as many vCPUs as above: \
-             more channels than vCPUs cannot run in parallel.\n\n"
+            "\n### CM events per second, {EVENT_CONNS} connections\n\n\
+             `tools_events`, both sides in one process, at most {IN_FLIGHT} connects in flight \
+             (all {EVENT_CONNS} at once overran the kernel CM's connect timeout on our loaded \
+             host), then every close. `async`: a `Listener` and {EVENT_CONNS} connections to it \
+             on `Config::shards(n)`, one event channel and thread per shard; events = 7 per \
+             connection (ADDR_RESOLVED, ROUTE_RESOLVED, ESTABLISHED, DISCONNECTED on the \
+             connecting id; CONNECT_REQUEST on the listener; ESTABLISHED, DISCONNECTED on the \
+             accepted id). `core`: n threads, each draining its own channel with its own \
+             listener and {EVENT_CONNS} ÷ n of the connections; events as read{}. events/s = \
+             events ÷ wall time. Baseline: the same layer with 1 channel, same boot. More \
+             channels than the VM's vCPUs cannot run in parallel.\n\n",
+            self.event_counts.get("core").map_or_else(String::new, |c| {
+                let (lo, hi) = (c.iter().min(), c.iter().max());
+                format!(
+                    " ({} to {} per run here)",
+                    lo.copied().unwrap_or(0),
+                    hi.copied().unwrap_or(0)
+                )
+            })
         );
         out.push_str(header);
-        let one = self.events.get(&1).cloned().unwrap_or_default();
-        for c in CHANNELS {
-            let ours = self.events.get(c).cloned().unwrap_or_default();
-            let target = (*c == 4).then_some(Target::AtLeast(1.5));
-            row_text(
-                &mut out,
-                &format!("events/s, {c} channel{}", if *c == 1 { "" } else { "s" }),
-                &ours,
-                &one,
-                "",
-                target,
-            );
+        for layer in ["async", "core"] {
+            let get = |c: u32| {
+                self.events
+                    .get(&(layer.to_owned(), c))
+                    .cloned()
+                    .unwrap_or_default()
+            };
+            let one = get(1);
+            for c in CHANNELS {
+                let target = (*c == 4).then_some(Target::AtLeast(1.5));
+                row_text(
+                    &mut out,
+                    &format!("{layer}: events/s, {c} ch ÷ 1 ch"),
+                    &get(*c),
+                    &one,
+                    "",
+                    target,
+                );
+            }
         }
         if !self.failures.is_empty() {
             let _ = writeln!(out, "\nFailed in the VM: {}.", self.failures.join("; "));
@@ -595,7 +625,7 @@ mod tests {
             r.lat[&("event".into(), "ours".into())],
             vec![(900.0, 2000.0)]
         );
-        assert_eq!(r.events[&4], vec![896.0]);
+        assert_eq!(r.events[&("async".into(), 4)], vec![896.0]);
         assert_eq!(r.failures, vec!["tools_cm async".to_owned()]);
         let plan = Plan {
             cm_rounds: 1,
