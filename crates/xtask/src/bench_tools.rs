@@ -11,8 +11,9 @@
 //!   mode, `ib_send_lat -R` (busy polling) against it with `Config::busy_poll`; `ib_send_lat`
 //!   reports half a round trip (`t_typical` is the median of the time between two posts of the
 //!   client, divided by 2; `99% percentile` likewise), so its figures are doubled here;
-//! - CM events per second for 256 connections through 1, 2 and 4 event channels (evchan
-//!   shards); the baseline is the 1-channel figure of the same boot.
+//! - CM events per second for 256 connections through 1, 2 and 4 event channels: the async
+//!   API's shards, and evchan-core with one thread per channel; the baseline is the same
+//!   layer's 1-channel figure of the same boot.
 //!
 //! Every figure is the median over the rounds; `spread` is (max − min) ÷ median of ours over
 //! the rounds. Under TCG only the ratios mean anything.
