@@ -73,12 +73,15 @@ struct Options {
     save: Option<String>,
     compare: Option<String>,
     callgrind: bool,
+    /// Also the comparisons with rdma-core's tools (not with `--no-tools` or criterion ARGS).
+    tools: bool,
     criterion: Vec<String>,
 }
 
 fn options(args: &[String]) -> Result<Options> {
     let mut o = Options {
         callgrind: true,
+        tools: true,
         ..Options::default()
     };
     let mut it = args.iter();
@@ -101,6 +104,7 @@ fn options(args: &[String]) -> Result<Options> {
         match a.as_str() {
             "--vm" => o.force_vm = true,
             "--no-callgrind" => o.callgrind = false,
+            "--no-tools" => o.tools = false,
             "--save" => o.save = Some(name("--save")?),
             "--compare" => o.compare = Some(name("--compare")?),
             "--" => {
@@ -114,14 +118,31 @@ fn options(args: &[String]) -> Result<Options> {
             }
         }
     }
+    if !o.criterion.is_empty() {
+        o.tools = false;
+    }
     if o.save.is_some() && o.compare.is_some() {
         return Err("bench: --save and --compare are one or the other".into());
     }
     Ok(o)
 }
 
-/// `cargo xtask bench [--vm] [--save NAME | --compare NAME] [--no-callgrind] [-- ARGS...]`
+/// The comparisons with rdma-core's tools (`bench_tools`), in a VM boot of their own, written
+/// into their part of docs/BENCHMARKS.md.
+fn tools(quick: bool) -> Result<()> {
+    let section = crate::bench_tools::run(quick)?;
+    report::write_tools(&crate::root().join("docs").join("BENCHMARKS.md"), &section)?;
+    println!("wrote the comparisons with rdma-core's tools into docs/BENCHMARKS.md");
+    Ok(())
+}
+
+/// `cargo xtask bench [--vm] [--save NAME | --compare NAME] [--no-callgrind] [--no-tools]
+/// [-- ARGS...]`, or `cargo xtask bench --tools [--quick]`
 pub fn run(args: &[String]) -> Result<i32> {
+    if args.iter().any(|a| a == "--tools") {
+        tools(args.iter().any(|a| a == "--quick"))?;
+        return Ok(0);
+    }
     let started = Instant::now();
     let opts = options(args)?;
     let place = if !opts.force_vm && host_has_active_rdma_port() {
@@ -223,6 +244,10 @@ pub fn run(args: &[String]) -> Result<i32> {
     println!("wrote docs/BENCHMARKS.md and docs/bench-latency.svg");
     for w in &warnings {
         println!("warning: {w}; rerun on an idle host");
+    }
+
+    if opts.tools {
+        tools(false)?;
     }
 
     let complete = report::complete(&figures);

@@ -3,12 +3,14 @@
 //! - `setup`: install the Debian packages the project needs, fetch and unpack the VM's kernel.
 //! - `vm`: run a command inside a soft-RoCE VM (one host, or two on a virtual wire).
 //! - `test`: the whole ladder: formatting, lints, native tests, device tests in the VM.
-//! - `bench`: the criterion benchmarks on a device (the VM), as ratios against raw FFI.
+//! - `bench`: the criterion benchmarks on a device (the VM), as ratios against raw FFI;
+//!   `--tools`: against rdma-core's `cmtime` and `ib_send_lat` in one VM boot.
 //! - `demo`: the async echo server and client with their figures, in the VM (or natively on an
 //!   RDMA host); `--core` for the core layer's resolve-only smoke run.
 //! - `fuzz`: the cargo-fuzz targets of `fuzz/`, with the address sanitizer.
 
 mod bench;
+mod bench_tools;
 mod cargo;
 mod demo;
 mod fuzz;
@@ -52,7 +54,7 @@ tasks:
                         with `N passed, N failed, N skipped`, each test counted once
   test --two-hosts      only the two-VM steps: rping, then each NAME_server / NAME_client pair
                         of every tests/device_two_host*.rs in a two-VM boot of its own
-  bench [--vm] [--save NAME | --compare NAME] [--no-callgrind] [-- ARGS]
+  bench [--vm] [--save NAME | --compare NAME] [--no-callgrind] [--no-tools] [-- ARGS]
                         build benches/ (bench profile) and run them in the VM (natively on an
                         ACTIVE RDMA port unless --vm), then count each operation's instructions
                         under callgrind in the same boot (--no-callgrind: not). Prints each
@@ -61,7 +63,12 @@ tasks:
                         as criterion's baseline NAME, its ratios in
                         target/criterion/evchan-ratios-NAME.json; --compare NAME: compare
                         against them, flag each ratio more than 5 % worse, and exit 1 if any is.
-                        ARGS go to criterion (e.g. a filter).
+                        ARGS go to criterion (e.g. a filter). Then, unless --no-tools or ARGS,
+                        `bench --tools` below, in a VM boot of its own.
+  bench --tools [--quick] against rdma-core's tools in one VM boot: connection setup step by step
+                        vs cmtime, 64 B ping-pong vs ib_send_lat -R [-e], CM events/s through
+                        1, 2, 4 channels; prints a markdown section and writes it into its part
+                        of docs/BENCHMARKS.md (--quick: fewer rounds)
   demo [--vm] [OPTS]    build examples/echo_server.rs and echo_client.rs and run them against a
                         device (the VM by default): 4 connections × 250 ping-pongs of 64 bytes;
                         prints setup times, round-trip percentiles (p50/p99/p99.9), messages/s

@@ -22,12 +22,6 @@ const TARGETS: &[(&str, &str, f64)] = &[
 const BEGIN: &str = "<!-- cargo xtask bench: generated part, begin -->";
 const END: &str = "<!-- cargo xtask bench: generated part, end -->";
 
-/// The C-tool comparisons (cmtime, ib_send_lat, events/s), a section of BENCHMARKS.md of their
-/// own: `None` until the lead joins them here (`bench_tools::run`).
-fn tool_section() -> Option<String> {
-    None
-}
-
 /// One benchmark's samples: nanoseconds per iteration of each of criterion's samples.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Series {
@@ -507,11 +501,6 @@ fn generated(run: &Run, figures: &[Figure], counts: &Instructions) -> String {
          Each dot is one of criterion's samples (time per iteration), divided by the median of \
          its figure's raw baseline; grey: the baseline, the bar: each median.\n\n",
     );
-    // The C-tool comparisons (crates/xtask/src/bench_tools.rs) go here.
-    if let Some(tools) = tool_section() {
-        s.push_str(&tools);
-        s.push('\n');
-    }
     let _ = writeln!(s, "{END}");
     s
 }
@@ -524,18 +513,38 @@ pub fn write_markdown(
     figures: &[Figure],
     counts: &Instructions,
 ) -> Result<()> {
-    let part = generated(run, figures, counts);
+    replace_part(path, BEGIN, END, &generated(run, figures, counts))
+}
+
+/// Writes the C-tool comparisons (`bench_tools::run`'s section) into their own generated part of
+/// `path`, after the core figures' part, keeping everything else.
+pub fn write_tools(path: &Path, section: &str) -> Result<()> {
+    replace_part(
+        path,
+        TOOLS_BEGIN,
+        TOOLS_END,
+        &format!("{TOOLS_BEGIN}\n{}\n{TOOLS_END}\n", section.trim_end()),
+    )
+}
+
+/// Where the C-tool comparisons' generated part begins and ends.
+const TOOLS_BEGIN: &str = "<!-- cargo xtask bench --tools: generated part, begin -->";
+const TOOLS_END: &str = "<!-- cargo xtask bench --tools: generated part, end -->";
+
+/// Puts `part` (which starts with `begin` and ends with `end`) where the old part between the
+/// markers was, or at the end of the file.
+fn replace_part(path: &Path, begin: &str, end: &str, part: &str) -> Result<()> {
     let old = std::fs::read_to_string(path).unwrap_or_default();
-    let text = match (old.find(BEGIN), old.find(END)) {
+    let text = match (old.find(begin), old.find(end)) {
         (Some(b), Some(e)) if b < e => {
             format!(
                 "{}{part}{}",
                 &old[..b],
-                &old[e + END.len()..].trim_start_matches('\n')
+                &old[e + end.len()..].trim_start_matches('\n')
             )
         }
         _ if old.is_empty() => format!("# Benchmarks\n\n{part}"),
-        _ => format!("{}\n{part}", old.trim_end()),
+        _ => format!("{}\n\n{part}", old.trim_end()),
     };
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;

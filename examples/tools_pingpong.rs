@@ -1,0 +1,158 @@
+//! 64-byte ping-pong over the async `evchan` API, the counterpart of perftest's
+//! `ib_send_lat -R` (busy-poll) and `ib_send_lat -R -e` (completion events) in
+//! `cargo xtask bench --tools`.
+//!
+//! ```text
+//! tools_pingpong --serve IP:PORT [--busy-poll-us N]
+//! tools_pingpong --connect IP:PORT [--iters N] [--size BYTES] [--busy-poll-us N] [--warmup N]
+//! ```
+//!
+//! The server accepts one connection, sends every message back until the peer closes, and exits.
+//! The client connects (retrying while nobody listens yet), runs `--warmup` untimed round trips
+//! (default 16), then `--iters` timed ones (default 1000): `send`, then `recv` of the echo,
+//! checked; one message in flight, as `ib_send_lat`. It prints the full round trip's
+//! percentiles (`ib_send_lat` prints half of it; `cargo xtask bench --tools` doubles those).
+//! Without `--busy-poll-us` the shards sleep on their completion channel between completions
+//! (event mode); with it they poll for that window before sleeping (`Config::busy_poll`).
+//! Both sides use one shard and a current-thread tokio runtime.
+
+use std::net::SocketAddr;
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use evchan::{Config, Connection, Error, Listener};
+
+mod tools_support;
+use tools_support::{emit, fail, us, Stats};
+
+const PROGRAM: &str = "tools_pingpong";
+const USAGE: &str = "usage: tools_pingpong --serve IP:PORT | --connect IP:PORT [--iters N] \
+                     [--size BYTES] [--busy-poll-us N] [--warmup N]";
+
+struct Args {
+    serve: Option<SocketAddr>,
+    connect: Option<SocketAddr>,
+    iters: usize,
+    size: usize,
+    warmup: usize,
+    busy_poll: Option<Duration>,
+}
+
+fn main() -> ExitCode {
+    let mut a = Args {
+        serve: None,
+        connect: None,
+        iters: 1000,
+        size: 64,
+        warmup: 16,
+        busy_poll: None,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(flag) = it.next() {
+        let value = it
+            .next()
+            .unwrap_or_else(|| fail(PROGRAM, format!("{flag} needs a value\n{USAGE}")));
+        let bad =
+            |e: &dyn std::fmt::Display| -> ! { fail(PROGRAM, format!("{flag}: {e}\n{USAGE}")) };
+        let number = |v: &str| v.parse::<usize>().unwrap_or_else(|e| bad(&e));
+        match flag.as_str() {
+            "--serve" => a.serve = Some(value.parse().unwrap_or_else(|e| bad(&e))),
+            "--connect" => a.connect = Some(value.parse().unwrap_or_else(|e| bad(&e))),
+            "--iters" => a.iters = number(&value).max(1),
+            "--size" => a.size = number(&value).max(1),
+            "--warmup" => a.warmup = number(&value),
+            "--busy-poll-us" => {
+                a.busy_poll = Some(Duration::from_micros(number(&value) as u64));
+            }
+            _ => fail(PROGRAM, format!("unknown argument `{flag}`\n{USAGE}")),
+        }
+    }
+    if !tools_support::device_present(PROGRAM) {
+        return ExitCode::SUCCESS;
+    }
+    let config = Config::new()
+        .shards(1)
+        .max_message(u32::try_from(a.size.max(64)).unwrap_or(u32::MAX))
+        .busy_poll(a.busy_poll);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap_or_else(|e| fail(PROGRAM, format!("tokio: {e}")));
+    let result = match (a.serve, a.connect) {
+        (Some(addr), None) => rt.block_on(serve(addr, config)),
+        (None, Some(addr)) => rt.block_on(client(addr, config, &a)),
+        _ => fail(PROGRAM, USAGE),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => fail(PROGRAM, e),
+    }
+}
+
+async fn serve(addr: SocketAddr, config: Config) -> Result<(), Error> {
+    let listener = Listener::bind(addr, config).await?;
+    let mut conn = listener.accept().await?.accept(&[]).await?;
+    while let Some(msg) = conn.recv().await? {
+        conn.send(msg).await?;
+    }
+    conn.close().await;
+    Ok(())
+}
+
+async fn client(addr: SocketAddr, config: Config, a: &Args) -> Result<(), Error> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut conn = loop {
+        match Connection::builder()
+            .config(config.clone())
+            .connect(addr)
+            .await
+        {
+            Ok(c) => break c,
+            Err(Error::Rejected { reason, .. }) if reason.0 == 8 && Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(e) => return Err(e),
+        }
+    };
+    let mut msg = vec![0x5au8; a.size];
+    let mut rtt = Vec::with_capacity(a.iters);
+    for i in 0..a.warmup + a.iters {
+        let seq = (i as u64).to_be_bytes();
+        let k = a.size.min(seq.len());
+        msg[..k].copy_from_slice(&seq[..k]);
+        let out = bytes_of(&msg);
+        let t = Instant::now();
+        conn.send(out).await?;
+        let Some(back) = conn.recv().await? else {
+            return Err(Error::PeerClosed);
+        };
+        let took = t.elapsed();
+        if back[..] != msg[..] {
+            fail(PROGRAM, format!("the echo of message {i} differs"));
+        }
+        if i >= a.warmup {
+            rtt.push(us(took));
+        }
+    }
+    conn.close().await;
+    let stats = Stats::of(&rtt).expect("at least one round trip");
+    let mode = if a.busy_poll.is_some() {
+        "busy"
+    } else {
+        "event"
+    };
+    emit(
+        "pingpong",
+        &[
+            ("mode", mode.to_owned()),
+            ("size", a.size.to_string()),
+            ("stats", stats.fields().replace(' ', ",")),
+        ],
+    );
+    Ok(())
+}
+
+/// The message as the `Bytes` `send` takes (one copy, as a user's `Vec` would make).
+fn bytes_of(msg: &[u8]) -> Vec<u8> {
+    msg.to_vec()
+}

@@ -1,0 +1,110 @@
+//! Shared by the `tools_*` examples (the programs `cargo xtask bench --tools` runs against
+//! rdma-core's `cmtime` and perftest's `ib_send_lat`): per-operation statistics and the one
+//! machine-readable line format `cargo xtask bench --tools` reads.
+//!
+//! Every result is one line on stdout: `@tools <bench> key=value key=value ...`, values without
+//! spaces; times in microseconds.
+
+#![allow(dead_code)] // each example uses a part
+
+use std::fmt::Write as _;
+use std::time::Duration;
+
+/// Summary of a set of samples, in microseconds.
+#[derive(Debug, Clone, Copy)]
+pub struct Stats {
+    pub n: usize,
+    pub p50: f64,
+    pub p99: f64,
+    pub min: f64,
+    pub max: f64,
+}
+
+impl Stats {
+    /// The median, the 99th percentile (nearest rank), min and max of `samples` (µs); `None`
+    /// when there are none.
+    pub fn of(samples: &[f64]) -> Option<Stats> {
+        if samples.is_empty() {
+            return None;
+        }
+        let mut s = samples.to_vec();
+        s.sort_by(f64::total_cmp);
+        Some(Stats {
+            n: s.len(),
+            p50: percentile(&s, 50.0),
+            p99: percentile(&s, 99.0),
+            min: s[0],
+            max: s[s.len() - 1],
+        })
+    }
+
+    /// `n= p50_us= p99_us= min_us= max_us=`.
+    pub fn fields(&self) -> String {
+        format!(
+            "n={} p50_us={:.2} p99_us={:.2} min_us={:.2} max_us={:.2}",
+            self.n, self.p50, self.p99, self.min, self.max
+        )
+    }
+}
+
+/// The nearest-rank percentile `p` (0..=100) of sorted samples (the median of an even count
+/// is the mean of the middle two).
+pub fn percentile(sorted: &[f64], p: f64) -> f64 {
+    let n = sorted.len();
+    if p == 50.0 && n.is_multiple_of(2) {
+        return (sorted[n / 2 - 1] + sorted[n / 2]) / 2.0;
+    }
+    let rank = ((p / 100.0) * n as f64).ceil() as usize;
+    sorted[rank.clamp(1, n) - 1]
+}
+
+/// A duration in microseconds.
+pub fn us(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e6
+}
+
+/// Prints one result line: `@tools <bench> <fields>`.
+pub fn emit(bench: &str, fields: &[(&str, String)]) {
+    let mut line = format!("@tools {bench}");
+    for (k, v) in fields {
+        let _ = write!(line, " {k}={v}");
+    }
+    println!("{line}");
+}
+
+/// Whether an RDMA device is there: without one, prints `skipping <program>: <reason>` on
+/// stderr and returns `false` (the program then exits 0); under `EVCHAN_REQUIRE_DEVICE=1` it
+/// exits with status 1 instead.
+pub fn device_present(program: &str) -> bool {
+    match evchan_core::device::probe() {
+        Ok(_) => true,
+        Err(e) if std::env::var("EVCHAN_REQUIRE_DEVICE").is_ok_and(|v| v == "1") => {
+            eprintln!("{program}: EVCHAN_REQUIRE_DEVICE=1 but {e}");
+            std::process::exit(1);
+        }
+        Err(e) => {
+            eprintln!("skipping {program}: {e} (run `cargo xtask bench --tools`)");
+            false
+        }
+    }
+}
+
+/// A fatal error: the message on stderr, exit status 1.
+pub fn fail(program: &str, what: impl std::fmt::Display) -> ! {
+    eprintln!("{program}: {what}");
+    std::process::exit(1);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn percentiles() {
+        let s: Vec<f64> = (1..=100).map(f64::from).collect();
+        let st = Stats::of(&s).unwrap();
+        assert_eq!((st.p50, st.p99, st.min, st.max), (50.5, 99.0, 1.0, 100.0));
+        assert_eq!(percentile(&[3.0], 99.0), 3.0);
+        assert!(Stats::of(&[]).is_none());
+    }
+}
