@@ -11,7 +11,7 @@
 //! listen); `cargo xtask demo` runs both in the VM.
 //!
 //! The application's tasks run on tokio's multi-thread runtime; `--current-thread` runs them on
-//! a current-thread runtime instead (to compare: docs/latency-notes.md).
+//! a current-thread runtime instead (to compare: docs/BENCHMARKS.md).
 
 use std::net::SocketAddr;
 use std::process::ExitCode;
@@ -76,7 +76,7 @@ fn main() -> ExitCode {
     };
     // evchan's shard threads do the RDMA work; this runtime only runs the application's
     // tasks. Woken from a shard, a multi-thread runtime's worker also wakes a second worker;
-    // a current-thread runtime does not (docs/latency-notes.md).
+    // a current-thread runtime does not (docs/BENCHMARKS.md).
     let rt = if args.current_thread {
         tokio::runtime::Builder::new_current_thread()
     } else {

@@ -10,7 +10,7 @@
 //! server runs until killed). `cargo xtask demo` runs it with `echo_client` in the VM.
 //!
 //! The application's tasks run on tokio's multi-thread runtime; `--current-thread` runs them on
-//! a current-thread runtime instead (to compare: docs/latency-notes.md).
+//! a current-thread runtime instead (to compare: docs/BENCHMARKS.md).
 
 use std::net::SocketAddr;
 use std::process::ExitCode;
@@ -66,7 +66,7 @@ fn main() -> ExitCode {
     };
     // evchan's shard threads do the RDMA work; this runtime only runs the application's
     // tasks. Woken from a shard, a multi-thread runtime's worker also wakes a second worker;
-    // a current-thread runtime does not (docs/latency-notes.md).
+    // a current-thread runtime does not (docs/BENCHMARKS.md).
     let rt = if args.current_thread {
         tokio::runtime::Builder::new_current_thread()
     } else {

@@ -26,7 +26,7 @@ mod support;
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::Path;
-use std::process::{Child, Command, ExitStatus};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use evchan_core::cm::{ConnParam, EventKind, PortSpace, Status};
@@ -46,30 +46,13 @@ const BOND_RXE: &str = "rxe_evbond";
 const CHILD_ENV: &str = "EVCHAN_EVENTS_CHILD";
 const STEP: Duration = Duration::from_secs(60);
 
-/// Waits for `child` at most `deadline`; kills it after that.
-fn wait_for(child: &mut Child, deadline: Duration, what: &str) -> ExitStatus {
-    let start = Instant::now();
-    loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            return status;
-        }
-        if start.elapsed() > deadline {
-            // Not waited for: a process blocked in the kernel (`rdma link delete` waiting
-            // for the device's users) takes SIGKILL only once it returns there.
-            let _ = child.kill();
-            panic!("{what} did not finish within {deadline:?}");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
 /// Runs `args` to completion (at most [`STEP`]); whether it succeeded.
 fn run(args: &[&str]) -> bool {
     let Ok(mut child) = Command::new(args[0]).args(&args[1..]).spawn() else {
         eprintln!("cannot run {}", args[0]);
         return false;
     };
-    let status = wait_for(&mut child, STEP, &args.join(" "));
+    let status = tool::wait_for(&mut child, STEP, &args.join(" "));
     if !status.success() {
         eprintln!("{}: {status}", args.join(" "));
     }
@@ -252,7 +235,7 @@ fn addr_change_on_bonding_failover() {
         .env(CHILD_ENV, "1")
         .spawn()
         .unwrap();
-    let status = wait_for(&mut child, Duration::from_secs(180), "the child process");
+    let status = tool::wait_for(&mut child, Duration::from_secs(180), "the child process");
     assert!(status.success(), "the child process failed: {status}");
 }
 

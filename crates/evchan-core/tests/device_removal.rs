@@ -13,30 +13,14 @@ mod support;
 
 use std::os::fd::AsFd;
 use std::path::Path;
-use std::process::{Child, Command};
-use std::time::{Duration, Instant};
+use std::process::Command;
+use std::time::Duration;
 
 use evchan_core::cm::{EventKind, PortSpace, Status};
 use evchan_core::{CmId, EventChannel};
 use support::*;
 
 const DEVICE: &str = "rxe0";
-
-/// Waits for `child` at most `deadline`; kills it after that.
-fn wait_for(child: &mut Child, deadline: Duration, what: &str) -> std::process::ExitStatus {
-    let start = Instant::now();
-    loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            return status;
-        }
-        if start.elapsed() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("{what} did not finish within {deadline:?}");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
 
 /// Puts the rxe link back, whatever happened to the test.
 struct RestoreLink;
@@ -76,7 +60,7 @@ fn device_removal_then_addr_error() {
         .args(["link", "delete", DEVICE])
         .spawn()
         .unwrap();
-    let deleted = wait_for(&mut delete, Duration::from_secs(60), "rdma link delete");
+    let deleted = tool::wait_for(&mut delete, Duration::from_secs(60), "rdma link delete");
     assert!(deleted.success(), "rdma link delete failed");
 
     // The id learns of the removal (after its address event, which librdmacm can no longer

@@ -29,13 +29,13 @@
 mod support;
 
 use std::path::Path;
-use std::process::{Child, Command, ExitStatus};
+use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use evchan::{Config, Connection, Error, Listener, Lost};
-use support::{port, step, user_rdma_resources, v4, wait_runtime_gone};
+use support::{port, step, tool, user_rdma_resources, v4, wait_runtime_gone};
 
 const DEVICE: &str = "rxe0";
 const NETDEV: &str = "dummy0";
@@ -57,27 +57,10 @@ fn exists(dev: &str) -> bool {
     Path::new("/sys/class/infiniband").join(dev).exists()
 }
 
-/// Waits for `child` at most `deadline`; kills it after that.
-fn wait_for(child: &mut Child, deadline: Duration, what: &str) -> ExitStatus {
-    let start = Instant::now();
-    loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            return status;
-        }
-        if start.elapsed() > deadline {
-            // Not waited for: a process blocked in the kernel (`rdma link delete` waiting
-            // for the device's users) takes SIGKILL only once it returns there.
-            let _ = child.kill();
-            panic!("{what} did not finish within {deadline:?}");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
 /// Runs a command to completion within [`DELETE_DEADLINE`]; whether it succeeded.
 fn run(args: &[&str]) -> bool {
     let mut child = Command::new(args[0]).args(&args[1..]).spawn().unwrap();
-    let status = wait_for(&mut child, DELETE_DEADLINE, &args.join(" "));
+    let status = tool::wait_for(&mut child, DELETE_DEADLINE, &args.join(" "));
     if !status.success() {
         eprintln!("{}: {status}", args.join(" "));
     }
@@ -145,7 +128,7 @@ fn run_child(test: &str) {
         .env(CHILD_ENV, test)
         .spawn()
         .unwrap();
-    let status = wait_for(&mut child, CHILD_DEADLINE, "the child process");
+    let status = tool::wait_for(&mut child, CHILD_DEADLINE, "the child process");
     assert!(status.success(), "the child process failed: {status}");
 }
 
@@ -398,7 +381,7 @@ async fn child() {
             .args(["link", "delete", DEVICE])
             .spawn()
             .unwrap();
-        let status = wait_for(&mut c, DELETE_DEADLINE, "rdma link delete rxe0");
+        let status = tool::wait_for(&mut c, DELETE_DEADLINE, "rdma link delete rxe0");
         (status, Instant::now())
     });
 

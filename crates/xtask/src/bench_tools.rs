@@ -352,8 +352,8 @@ impl Results {
 
         out.push_str(
             "### Connection setup, 100 connections (µs per connection, cmtime's `us / conn`)\n\n\
-             Baseline `cmtime -s` (rdma-core 44); every client against the same `cmtime -b` \
-             server. `core-shared` is the like-for-like row: like cmtime 44 (whose \
+             Baseline `cmtime -s` (rdma-core 44); each client, `cmtime -s` included, against a fresh \
+             `cmtime -b` server of its own. `core-shared` is the like-for-like row: like cmtime 44 (whose \
              `rdma_create_qp` copies the first QP's CQs back into its shared attributes) all QPs \
              share one CQ; `raw` is the same in plain librdmacm; `core` and `raw-percq` give each \
              QP its own CQs. p99: of one connection's own time in the step (call to its event). \

@@ -9,6 +9,23 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 /// `Err(reason)` naming the Debian package when `name` is not on `PATH`.
+/// Waits for `child` at most `deadline`; past it, sends SIGKILL and panics. It does not wait
+/// after the kill: a process blocked in the kernel (`rdma link delete` waiting for the device's
+/// users) takes SIGKILL only once it returns there.
+pub fn wait_for(child: &mut Child, deadline: Duration, what: &str) -> ExitStatus {
+    let start = Instant::now();
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status;
+        }
+        if start.elapsed() > deadline {
+            let _ = child.kill();
+            panic!("{what} did not finish within {deadline:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 pub fn find(name: &str, package: &str) -> Result<PathBuf, String> {
     let path = std::env::var_os("PATH").unwrap_or_default();
     std::env::split_paths(&path)

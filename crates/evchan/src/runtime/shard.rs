@@ -1376,33 +1376,22 @@ impl<'s, 'c> Shard<'s, 'c> {
                 } else {
                     break;
                 };
-                let mut slot = path.free_ctrl.pop().expect("checked");
-                let _ = slot.set_len(0);
-                match id.post_send_slot(&path.send_mr, slot, Some(imm)) {
-                    Ok(posted) => {
+                match post_ctrl(id, path, &mut self.posted, conn, imm) {
+                    CtrlPost::Posted(wr_id) => {
                         c.outstanding += 1;
                         if fin {
-                            c.fin_wr = Some(posted.wr_id());
+                            c.fin_wr = Some(wr_id);
                             if c.closing {
                                 c.deadline = Some(Instant::now() + DRAIN_TIMEOUT);
                             }
                         }
-                        self.posted.insert(
-                            posted.wr_id(),
-                            PostedWr {
-                                conn,
-                                slot: posted,
-                                kind: WrKind::Ctrl,
-                            },
-                        );
                     }
-                    Err(e) if e.is_queue_full() => {
+                    CtrlPost::QueueFull => {
                         *credits = saved;
-                        path.free_ctrl.push(e.slot);
                         break;
                     }
-                    Err(e) => {
-                        failed = Some(Lost::Verbs(e.error.to_string()));
+                    CtrlPost::Failed(why) => {
+                        failed = Some(why);
                         break;
                     }
                 }
@@ -1446,6 +1435,50 @@ fn wc_failure(kind: WrKind, status: WcStatus, max: u32) -> Lost {
 }
 
 /// The id of an open connection, for posting.
+/// How posting one control message (a credit update, a FIN, a keepalive) went.
+enum CtrlPost {
+    /// Posted, with this work request id, and recorded in the shard's posted table.
+    Posted(u64),
+    /// The send queue is full: the slot is back among the free ones; try again later.
+    QueueFull,
+    /// The post failed: the connection is lost.
+    Failed(Lost),
+}
+
+/// Posts a zero-length control message with immediate data `imm` from one of `path`'s free
+/// control slots (the caller checked there is one).
+fn post_ctrl<'s>(
+    id: &CmId<'s, evchan_core::cm::state::Connected>,
+    path: &mut Path<'s>,
+    posted: &mut HashMap<u64, PostedWr>,
+    conn: ConnId,
+    imm: u32,
+) -> CtrlPost {
+    let Some(mut slot) = path.free_ctrl.pop() else {
+        return CtrlPost::QueueFull;
+    };
+    let _ = slot.set_len(0);
+    match id.post_send_slot(&path.send_mr, slot, Some(imm)) {
+        Ok(slot) => {
+            let wr_id = slot.wr_id();
+            posted.insert(
+                wr_id,
+                PostedWr {
+                    conn,
+                    slot,
+                    kind: WrKind::Ctrl,
+                },
+            );
+            CtrlPost::Posted(wr_id)
+        }
+        Err(e) if e.is_queue_full() => {
+            path.free_ctrl.push(e.slot);
+            CtrlPost::QueueFull
+        }
+        Err(e) => CtrlPost::Failed(Lost::Verbs(e.error.to_string())),
+    }
+}
+
 fn connected<'a, 's>(
     id: &'a IdState<'s>,
 ) -> Option<&'a CmId<'s, evchan_core::cm::state::Connected>> {

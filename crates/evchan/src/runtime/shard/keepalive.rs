@@ -11,8 +11,7 @@
 
 use std::time::Instant;
 
-use super::{connected, PostedWr, Shard, WrKind};
-use crate::error::Lost;
+use super::{connected, post_ctrl, CtrlPost, Shard};
 use crate::runtime::conn::Phase;
 use crate::runtime::ConnId;
 
@@ -64,30 +63,14 @@ impl Shard<'_, '_> {
         let Some(imm) = credits.keepalive() else {
             return;
         };
-        let mut slot = path.free_ctrl.pop().expect("checked");
-        let _ = slot.set_len(0);
-        match id.post_send_slot(&path.send_mr, slot, Some(imm)) {
-            Ok(posted) => {
+        match post_ctrl(id, path, &mut self.posted, conn, imm) {
+            CtrlPost::Posted(_) => {
                 tracing::trace!(parent: &c.span, imm, "keepalive");
                 c.outstanding += 1;
-                self.posted.insert(
-                    posted.wr_id(),
-                    PostedWr {
-                        conn,
-                        slot: posted,
-                        kind: WrKind::Ctrl,
-                    },
-                );
             }
-            Err(e) if e.is_queue_full() => {
-                // Sends are queued: their completions (or their failure) say the same.
-                *credits = saved;
-                path.free_ctrl.push(e.slot);
-            }
-            Err(e) => {
-                let why = Lost::Verbs(e.error.to_string());
-                self.lose(conn, why);
-            }
+            // Sends are queued: their completions (or their failure) say the same.
+            CtrlPost::QueueFull => *credits = saved,
+            CtrlPost::Failed(why) => self.lose(conn, why),
         }
     }
 }
