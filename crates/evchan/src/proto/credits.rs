@@ -211,36 +211,38 @@ impl Credits {
         let returns_data =
             data >= (self.mine.data_slots / 2).max(1) || (data >= 1 && self.peer_blocked());
         let confirms = self.pending_ctrl() >= 2;
-        let budget = u32::from(self.peer.ctrl_slots);
-        let allowed =
-            (returns_data && self.ctrl_out + 1 < budget) || (confirms && self.ctrl_out < budget);
-        if !allowed {
-            return None;
-        }
-        self.ctrl_out += 1;
-        Some(self.imm(Kind::Credit))
+        let allowed = (returns_data && self.ctrl_spare())
+            || (confirms && self.ctrl_out < u32::from(self.peer.ctrl_slots));
+        allowed.then(|| self.send_ctrl(Kind::Credit))
     }
 
     /// A keepalive: a credit update that returns nothing new (the peer accepts it as one, and
     /// confirms it like any control message), as its immediate data. `None` when the control
     /// budget, less the confirmation reserve, is spent for now.
     pub fn keepalive(&mut self) -> Option<u32> {
-        if self.ctrl_out + 1 >= u32::from(self.peer.ctrl_slots) {
-            return None;
-        }
-        self.ctrl_out += 1;
-        Some(self.imm(Kind::Credit))
+        self.ctrl_spare().then(|| self.send_ctrl(Kind::Credit))
     }
 
     /// The `FIN` message's immediate data, once; `None` when sent already or the control budget
     /// (less the confirmation reserve) is spent for now.
     pub fn send_fin(&mut self) -> Option<u32> {
-        if self.fin_sent || self.ctrl_out + 1 >= u32::from(self.peer.ctrl_slots) {
+        if self.fin_sent || !self.ctrl_spare() {
             return None;
         }
         self.fin_sent = true;
+        Some(self.send_ctrl(Kind::Fin))
+    }
+
+    /// Whether a control credit is free besides the one kept for confirmations (which only a
+    /// credit update that confirms may take).
+    fn ctrl_spare(&self) -> bool {
+        self.ctrl_out + 1 < u32::from(self.peer.ctrl_slots)
+    }
+
+    /// Spends a control credit on a message of `kind`; its immediate data.
+    fn send_ctrl(&mut self, kind: Kind) -> u32 {
         self.ctrl_out += 1;
-        Some(self.imm(Kind::Fin))
+        self.imm(kind)
     }
 
     /// Whether our `FIN` went out.

@@ -1227,21 +1227,7 @@ impl<'s, 'c> Shard<'s, 'c> {
             return;
         };
         tracing::debug!(parent: &c.span, %why, "connection lost");
-        // Sends fail before the receive half hears of it: a `send` after `recv` returned the
-        // loss is refused, never queued to nowhere.
-        if let Some(shared) = &c.shared {
-            shared.end(SendEnd::Lost(why.clone()));
-        }
-        // Lost before ESTABLISHED was seen (a peer's first message can come first).
-        if let Some(reply) = c.reply.take() {
-            let _ = reply.send(Err(Error::ConnectionLost(why.clone())));
-        }
-        if !c.ended {
-            c.ended = true;
-            if let Some(inbox) = &c.inbox {
-                let _ = inbox.send(Delivery::Lost(why.clone()));
-            }
-        }
+        tell_lost(c, &why);
         c.outbox.clear();
         if !c.disconnected {
             c.disconnected = true;
@@ -1418,6 +1404,25 @@ impl<'s, 'c> Shard<'s, 'c> {
     }
 }
 
+/// Tells every part of `c` that waits that the connection is lost: its sends first (a `send`
+/// after `recv` returned the loss is refused, never queued to nowhere), then a connect or
+/// accept still waiting for `ESTABLISHED` (a peer's first message can come before it), then
+/// its receive half, once.
+fn tell_lost(c: &mut Conn<'_>, why: &Lost) {
+    if let Some(shared) = &c.shared {
+        shared.end(SendEnd::Lost(why.clone()));
+    }
+    if let Some(reply) = c.reply.take() {
+        let _ = reply.send(Err(Error::ConnectionLost(why.clone())));
+    }
+    if !c.ended {
+        c.ended = true;
+        if let Some(inbox) = &c.inbox {
+            let _ = inbox.send(Delivery::Lost(why.clone()));
+        }
+    }
+}
+
 /// Gives a request its half-open ticket and its deadline: unanswered, or accepted and not
 /// established, for `connect_timeout`, it goes (see [`super::half_open`]).
 fn half_open(c: &mut Conn<'_>, ticket: HalfOpen) {
@@ -1434,7 +1439,6 @@ fn wc_failure(kind: WrKind, status: WcStatus, max: u32) -> Lost {
     }
 }
 
-/// The id of an open connection, for posting.
 /// How posting one control message (a credit update, a FIN, a keepalive) went.
 enum CtrlPost {
     /// Posted, with this work request id, and recorded in the shard's posted table.
@@ -1479,6 +1483,7 @@ fn post_ctrl<'s>(
     }
 }
 
+/// The id of an open connection, for posting.
 fn connected<'a, 's>(
     id: &'a IdState<'s>,
 ) -> Option<&'a CmId<'s, evchan_core::cm::state::Connected>> {
@@ -1593,20 +1598,7 @@ impl Shard<'_, '_> {
             let Some(mut c) = self.remove(conn) else {
                 continue;
             };
-            if let Some(reply) = c.reply.take() {
-                let _ = reply.send(Err(Error::ConnectionLost(Lost::DeviceRemoved)));
-            }
-            // Sends fail before the receive half learns it: a task that saw the loss in
-            // `recv` then gets it from `send` too.
-            if let Some(shared) = &c.shared {
-                shared.end(SendEnd::Lost(Lost::DeviceRemoved));
-            }
-            if !c.ended {
-                c.ended = true;
-                if let Some(inbox) = &c.inbox {
-                    let _ = inbox.send(Delivery::Lost(Lost::DeviceRemoved));
-                }
-            }
+            tell_lost(&mut c, &Lost::DeviceRemoved);
             self.release(conn, c);
         }
         self.dirty.clear();
