@@ -30,8 +30,9 @@
 //!
 //! # Unsafe code
 //!
-//! The raw-FFI baseline cannot be written without `unsafe`: this file (with `cq_event.rs`) is the
-//! one allowed exception to "no `unsafe` outside evchan-sys and evchan-core's `ffi`". Every block
+//! The raw-FFI baseline cannot be written without `unsafe`: this file, `cq_event.rs` and
+//! `examples/tools_cm.rs` (the raw rows against cmtime) are the allowed exceptions to "no
+//! `unsafe` outside evchan-sys and evchan-core's `ffi`". Every block
 //! has its `// SAFETY:` comment, and the raw code serves only as the baseline.
 
 use std::hint::black_box;

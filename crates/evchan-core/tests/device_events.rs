@@ -15,7 +15,7 @@
 //!   `NETDEV_BONDING_FAILOVER` → `cma_netdev_change` (the id's bound device's address
 //!   changed). The bond's rxe device is held open by librdmacm until the process exits, so
 //!   the id's part runs in a child process (this test binary, this test,
-//!   `EVCHAN_EVENTS_CHILD=1`) and the parent removes the device afterwards.
+//!   `EVCHAN_TEST_CHILD`) and the parent removes the device afterwards.
 //!
 //! `ROUTE_ERROR` cannot be produced on RoCE: see `docs/RELIABILITY.md`.
 //!
@@ -43,7 +43,6 @@ const SLAVES: [(&str, &str); 2] = [
     ("evslave1", "02:00:00:00:00:11"),
 ];
 const BOND_RXE: &str = "rxe_evbond";
-const CHILD_ENV: &str = "EVCHAN_EVENTS_CHILD";
 const STEP: Duration = Duration::from_secs(60);
 
 /// Runs `args` to completion (at most [`STEP`]); whether it succeeded.
@@ -189,7 +188,7 @@ impl Drop for DelBond {
 
 #[test]
 fn addr_change_on_bonding_failover() {
-    if std::env::var(CHILD_ENV).is_ok_and(|v| v == "1") {
+    if tool::is_child("addr_change_on_bonding_failover") {
         return addr_change_child();
     }
     require_device!();
@@ -224,19 +223,7 @@ fn addr_change_on_bonding_failover() {
     for args in &setup {
         assert!(run(args), "{}", args.join(" "));
     }
-    let mut child = Command::new(std::env::current_exe().unwrap())
-        .args([
-            "addr_change_on_bonding_failover",
-            "--exact",
-            "--nocapture",
-            "--test-threads",
-            "1",
-        ])
-        .env(CHILD_ENV, "1")
-        .spawn()
-        .unwrap();
-    let status = tool::wait_for(&mut child, Duration::from_secs(180), "the child process");
-    assert!(status.success(), "the child process failed: {status}");
+    tool::run_in_child("addr_change_on_bonding_failover", Duration::from_secs(180));
 }
 
 /// The bond's active slave, from sysfs.

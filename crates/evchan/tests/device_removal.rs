@@ -14,7 +14,7 @@
 //!   listing fails with `ENODEV` before it compares anything when no device is left. So the
 //!   test adds `rxe1` on `dummy1` for the duration: with it, the removal of `rxe0` completes.
 //! - librdmacm then still holds `rxe1` open until the process exits, so the device work runs
-//!   in a child process (this same test binary, this same test, `EVCHAN_REMOVAL_CHILD`); the
+//!   in a child process (this same test binary, this same test, `EVCHAN_TEST_CHILD`); the
 //!   parent never opens a device, and removes `rxe1` and `dummy1` after the child ended.
 //!
 //! `last_device_removed_waits_for_the_process`: with `rxe0` the only device, the same removal
@@ -41,7 +41,6 @@ const DEVICE: &str = "rxe0";
 const NETDEV: &str = "dummy0";
 const SPARE: &str = "rxe1";
 const SPARE_NETDEV: &str = "dummy1";
-const CHILD_ENV: &str = "EVCHAN_REMOVAL_CHILD";
 /// How long `rdma link delete` of the last device is watched to stay blocked.
 const BLOCKED_FOR: Duration = Duration::from_secs(3);
 
@@ -117,21 +116,6 @@ fn block_on(body: impl std::future::Future<Output = ()>) {
 }
 
 /// Whether this process is the child of `test`.
-fn is_child(test: &str) -> bool {
-    std::env::var(CHILD_ENV).is_ok_and(|v| v == test)
-}
-
-/// Runs `test` in a child process (within [`CHILD_DEADLINE`]), asserting that it passed.
-fn run_child(test: &str) {
-    let mut child = Command::new(std::env::current_exe().unwrap())
-        .args([test, "--exact", "--nocapture", "--test-threads", "1"])
-        .env(CHILD_ENV, test)
-        .spawn()
-        .unwrap();
-    let status = tool::wait_for(&mut child, CHILD_DEADLINE, "the child process");
-    assert!(status.success(), "the child process failed: {status}");
-}
-
 /// `false` after a skip line when the VM's rxe link is not there.
 fn have_rxe0() -> bool {
     if !exists(DEVICE) || evchan_core::if_index(NETDEV).is_none() {
@@ -146,7 +130,7 @@ fn have_rxe0() -> bool {
 #[test]
 fn device_removed_under_live_connections() {
     const TEST: &str = "device_removed_under_live_connections";
-    if is_child(TEST) {
+    if tool::is_child(TEST) {
         return block_on(child());
     }
     if !have_rxe0() {
@@ -184,13 +168,13 @@ fn device_removed_under_live_connections() {
     ] {
         assert!(run(args), "{}", args.join(" "));
     }
-    run_child(TEST);
+    tool::run_in_child(TEST, CHILD_DEADLINE);
 }
 
 #[test]
 fn last_device_removed_waits_for_the_process() {
     const TEST: &str = "last_device_removed_waits_for_the_process";
-    if is_child(TEST) {
+    if tool::is_child(TEST) {
         return block_on(last_device_child());
     }
     if !have_rxe0() {
@@ -206,7 +190,7 @@ fn last_device_removed_waits_for_the_process() {
         .map(|e| e.file_name())
         .collect();
     assert_eq!(devices, [DEVICE], "rxe0 is the only RDMA device");
-    run_child(TEST);
+    tool::run_in_child(TEST, CHILD_DEADLINE);
     // The child has exited: its `rdma link delete` (orphaned) completes now.
     let exited = Instant::now();
     while exists(DEVICE) {

@@ -26,6 +26,27 @@ pub fn wait_for(child: &mut Child, deadline: Duration, what: &str) -> ExitStatus
     }
 }
 
+/// The variable that tells a test binary's child process which test it runs as the child.
+const CHILD_ENV: &str = "EVCHAN_TEST_CHILD";
+
+/// Whether this process is the child that [`run_in_child`] started for `test`.
+pub fn is_child(test: &str) -> bool {
+    std::env::var(CHILD_ENV).is_ok_and(|v| v == test)
+}
+
+/// Runs `test` of this same test binary in a child process (within `deadline`), asserting that
+/// it passed; in the child, [`is_child`] says so. For device work whose resources librdmacm
+/// keeps until the process exits.
+pub fn run_in_child(test: &str, deadline: Duration) {
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args([test, "--exact", "--nocapture", "--test-threads", "1"])
+        .env(CHILD_ENV, test)
+        .spawn()
+        .unwrap();
+    let status = wait_for(&mut child, deadline, "the child process");
+    assert!(status.success(), "the child process failed: {status}");
+}
+
 pub fn find(name: &str, package: &str) -> Result<PathBuf, String> {
     let path = std::env::var_os("PATH").unwrap_or_default();
     std::env::split_paths(&path)
