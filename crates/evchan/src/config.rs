@@ -31,6 +31,7 @@ pub struct Config {
     pub(crate) busy_poll: Option<Duration>,
     pub(crate) keepalive: Option<Duration>,
     pub(crate) retry_count: u8,
+    pub(crate) in_task: bool,
 }
 
 impl Default for Config {
@@ -60,6 +61,7 @@ impl Config {
             busy_poll: None,
             keepalive: Some(Duration::from_secs(15)),
             retry_count: 6,
+            in_task: false,
         }
     }
 
@@ -185,6 +187,30 @@ impl Config {
     #[must_use]
     pub fn retry_count(mut self, n: u8) -> Self {
         self.retry_count = n;
+        self
+    }
+
+    /// Drive the connections on the caller's tokio runtime instead of on threads of their own:
+    /// one shard (the [`shards`](Self::shards) setting is not used) that runs as a task
+    /// (`tokio::spawn`) on the runtime of the task that first connects or listens with this
+    /// setting, on that thread. Receiving, sending and the shard's work then hand over between
+    /// tasks, not threads: on a current-thread runtime a round trip needs no thread wake-up
+    /// besides the completion channel's (see `docs/BENCHMARKS.md`). The runtime must have
+    /// its I/O and time drivers enabled (`enable_all`). Handles made on another thread get a
+    /// shard of their own; every handle of a shard fails with
+    /// [`Lost::Closed`](crate::Lost::Closed) once that runtime shuts down. With
+    /// [`busy_poll`](Self::busy_poll), the shard keeps the thread while it polls and yields it
+    /// after each delivery. A removed device is seen only through rdma_cm's `DEVICE_REMOVAL`
+    /// event here, not through the device's verbs node (see `docs/RELIABILITY.md`). Off by
+    /// default.
+    ///
+    /// ```
+    /// let config = evchan::Config::new().in_task(true);
+    /// # let _ = config;
+    /// ```
+    #[must_use]
+    pub fn in_task(mut self, yes: bool) -> Self {
+        self.in_task = yes;
         self
     }
 
