@@ -496,7 +496,7 @@ fn qemu(kernel: &Kernel, initrd: &Path, share: &Path, role: &str) -> Command {
     cmd.arg("-kernel").arg(&kernel.vmlinuz);
     cmd.arg("-initrd").arg(initrd);
     cmd.arg("-append").arg(format!(
-        "console=ttyS0 quiet loglevel=3 panic=-1 evchan.share={} evchan.role={role}",
+        "console=ttyS0 quiet loglevel=3 panic=-1 clocksource=tsc tsc=reliable evchan.share={} evchan.role={role}",
         share.display()
     ));
     cmd.args([
