@@ -126,8 +126,11 @@ pub(super) struct Conn<'s> {
     pub(super) early: Vec<(Slot, WorkCompletion)>,
     /// CQ entries this connection reserved on its device's CQ.
     pub(super) cq_reserved: u32,
-    /// The last completion of this connection (or keepalive sent): see `shard/keepalive.rs`.
+    /// No later than the last completion of this connection (or keepalive sent), as of the
+    /// last keepalive check: see `shard/keepalive.rs`.
     pub(super) last_activity: Instant,
+    /// A completion came since the last keepalive check.
+    pub(super) active: bool,
     /// A listener's half-open ticket, until `ESTABLISHED` (or the connection goes).
     pub(super) half_open: Option<super::half_open::HalfOpen>,
 }
@@ -166,6 +169,7 @@ impl Conn<'_> {
             early: Vec::new(),
             cq_reserved: 0,
             last_activity: Instant::now(),
+            active: false,
             half_open: None,
         }
     }

@@ -173,8 +173,14 @@ impl ShardRef {
     }
 }
 
-/// What makes two runtimes different: shards, CQ entries, busy-poll window.
-type RuntimeKey = (usize, u32, Option<std::time::Duration>);
+/// What makes two runtimes different: shards, CQ entries, busy-poll window, and for an
+/// in-task runtime ([`Config::in_task`]) the thread that started it.
+type RuntimeKey = (
+    usize,
+    u32,
+    Option<std::time::Duration>,
+    Option<std::thread::ThreadId>,
+);
 
 static RUNTIMES: Mutex<Vec<(RuntimeKey, Weak<Runtime>)>> = Mutex::new(Vec::new());
 
@@ -187,8 +193,15 @@ impl Runtime {
             // A runtime is letting go of a removed device; a new one would open it again.
             return Err(Error::ConnectionLost(Lost::DeviceRemoved));
         }
-        all.retain(|(_, w)| w.strong_count() > 0);
-        let key = (config.shards, config.cq_entries, config.busy_poll);
+        // A runtime whose shards are gone (an in-task runtime whose tokio runtime shut down,
+        // or a shard that failed to start) is not handed out again.
+        all.retain(|(_, w)| w.upgrade().is_some_and(|rt| rt.running()));
+        let key = if config.in_task {
+            let thread = std::thread::current().id();
+            (1, config.cq_entries, config.busy_poll, Some(thread))
+        } else {
+            (config.shards, config.cq_entries, config.busy_poll, None)
+        };
         if let Some(rt) = all
             .iter()
             .find(|(k, _)| *k == key)
@@ -201,8 +214,14 @@ impl Runtime {
         Ok(rt)
     }
 
-    fn start((shards, cq_entries, busy_poll): RuntimeKey) -> Result<Arc<Runtime>> {
-        let (txs, rxs): (Vec<_>, Vec<_>) = (0..shards).map(|_| mpsc::unbounded_channel()).unzip();
+    /// Whether every shard still takes commands.
+    fn running(&self) -> bool {
+        self.shards.iter().all(|s| !s.is_closed())
+    }
+
+    fn start((shards, cq_entries, busy_poll, in_task): RuntimeKey) -> Result<Arc<Runtime>> {
+        let (txs, mut rxs): (Vec<_>, Vec<_>) =
+            (0..shards).map(|_| mpsc::unbounded_channel()).unzip();
         let rt = Arc::new(Runtime {
             shards: txs,
             next_shard: std::sync::atomic::AtomicUsize::new(0),
@@ -210,6 +229,22 @@ impl Runtime {
             removal: Arc::default(),
         });
         let weak = Arc::downgrade(&rt);
+        if in_task.is_some() {
+            let tokio = tokio::runtime::Handle::try_current().map_err(|_| {
+                Error::Config(
+                    "Config::in_task: connect or listen from within a tokio runtime".into(),
+                )
+            })?;
+            // What fails for lack of a device fails here, at once, with its own error.
+            let channel = EventChannel::new()?;
+            let devices = open_devices()?;
+            let rx = rxs.pop().expect("one shard");
+            let removal = rt.removal.clone();
+            tokio.spawn(run_in_task(
+                rx, weak, cq_entries, busy_poll, channel, devices, removal,
+            ));
+            return Ok(rt);
+        }
         let removal = rt.removal.clone();
         let (ready_tx, ready_rx) = std::sync::mpsc::channel();
         std::thread::Builder::new()
@@ -271,37 +306,17 @@ fn run(
         Ok(c) => c,
         Err(e) => return drop(ready.send(Err(e.into()))),
     };
-    let devices: Vec<Device> = match Context::rdma_cm_devices() {
-        Ok(list) => list
-            .into_iter()
-            .map(|ctx| Device {
-                name: ctx.name(),
-                ctx,
-            })
-            .collect(),
-        Err(e) => return drop(ready.send(Err(Error::Verbs(e)))),
+    let devices = match open_devices() {
+        Ok(d) => d,
+        Err(e) => return drop(ready.send(Err(e))),
     };
-    let opened = (|| -> Result<_> {
-        let pds: Vec<Pd<'_>> = devices
-            .iter()
-            .map(|d| Pd::new(&d.ctx))
-            .collect::<std::result::Result<_, _>>()?;
-        let comps: Vec<Vec<CompChannel<'_>>> = (0..rxs.len())
-            .map(|_| devices.iter().map(|d| CompChannel::new(&d.ctx)).collect())
-            .collect::<std::result::Result<_, _>>()?;
-        Ok((pds, comps))
-    })();
-    let (pds, comps) = match opened {
+    let (pds, comps) = match open_pds(&devices, rxs.len()) {
         Ok(x) => x,
         Err(e) => return drop(ready.send(Err(e))),
     };
-    let cqs: Vec<Vec<Cq<'_>>> = match comps
-        .iter()
-        .map(|per_dev| per_dev.iter().map(|c| Cq::new(c, cq_entries)).collect())
-        .collect::<std::result::Result<_, _>>()
-    {
+    let cqs = match open_cqs(&comps, cq_entries) {
         Ok(c) => c,
-        Err(e) => return drop(ready.send(Err(Error::Verbs(e)))),
+        Err(e) => return drop(ready.send(Err(e))),
     };
     if ready.send(Ok(())).is_err() {
         return;
@@ -321,6 +336,7 @@ fn run(
                 cqs,
                 cq_entries,
                 busy_poll,
+                in_task: false,
                 rt: rt.clone(),
                 peers: peer_txs.clone(),
                 removal,
@@ -340,4 +356,83 @@ fn run(
     // Dropped in reverse declaration order: CQs, completion channels, PDs, contexts, event
     // channels. After a device removal, `Runtime::start`'s thread then waits for librdmacm to
     // close its own context of the device (`removal::let_go`).
+}
+
+/// librdmacm's context of every device it lists.
+fn open_devices() -> Result<Vec<Device>> {
+    Ok(Context::rdma_cm_devices()?
+        .into_iter()
+        .map(|ctx| Device {
+            name: ctx.name(),
+            ctx,
+        })
+        .collect())
+}
+
+/// Per device a PD, and per shard and device a completion channel.
+fn open_pds(devices: &[Device], shards: usize) -> Result<(Vec<Pd<'_>>, Vec<Vec<CompChannel<'_>>>)> {
+    let pds = devices
+        .iter()
+        .map(|d| Pd::new(&d.ctx))
+        .collect::<std::result::Result<_, _>>()?;
+    let comps = (0..shards)
+        .map(|_| devices.iter().map(|d| CompChannel::new(&d.ctx)).collect())
+        .collect::<std::result::Result<_, _>>()?;
+    Ok((pds, comps))
+}
+
+/// Per shard and device a CQ on that shard's completion channel of the device.
+fn open_cqs<'a>(comps: &'a [Vec<CompChannel<'_>>], entries: u32) -> Result<Vec<Vec<Cq<'a>>>> {
+    Ok(comps
+        .iter()
+        .map(|per_dev| per_dev.iter().map(|c| Cq::new(c, entries)).collect())
+        .collect::<std::result::Result<_, _>>()?)
+}
+
+/// An in-task runtime ([`Config::in_task`]): its one shard, as a task of the application's
+/// runtime. It owns what a runtime thread owns otherwise, and drops it in the same order when
+/// the shard ends (or when the application's runtime drops the task).
+async fn run_in_task(
+    rx: mpsc::UnboundedReceiver<Cmd>,
+    rt: Weak<Runtime>,
+    cq_entries: u32,
+    busy_poll: Option<std::time::Duration>,
+    channel: EventChannel,
+    devices: Vec<Device>,
+    removal: Arc<removal::Removal>,
+) {
+    {
+        // Dropped in reverse: CQs, completion channels, PDs, contexts, the event channel.
+        let channels = [channel];
+        let devices = devices;
+        let names: Vec<String> = devices.iter().map(|d| d.name.clone()).collect();
+        let (pds, comps) = match open_pds(&devices, 1) {
+            Ok(x) => x,
+            Err(e) => return tracing::error!("evchan: cannot start the in-task shard: {e}"),
+        };
+        let cqs = match open_cqs(&comps, cq_entries) {
+            Ok(c) => c,
+            Err(e) => return tracing::error!("evchan: cannot start the in-task shard: {e}"),
+        };
+        let (peer_tx, peer_rx) = mpsc::unbounded_channel();
+        let env = shard::Env {
+            index: 0,
+            channels: &channels,
+            names: &names,
+            pds: &pds,
+            comps: &comps[0],
+            cqs: &cqs[0],
+            cq_entries,
+            busy_poll,
+            in_task: true,
+            rt,
+            peers: vec![peer_tx],
+            removal: &removal,
+        };
+        shard::serve(env, rx, peer_rx).await;
+        removal.opened(&names);
+    }
+    // After a removal, waiting for librdmacm to let go of the device blocks: not on the
+    // application's worker thread.
+    let _ = tokio::task::spawn_blocking(move || removal::let_go(&removal)).await;
 }

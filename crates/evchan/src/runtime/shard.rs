@@ -44,6 +44,9 @@ pub(super) struct Env<'s, 'c> {
     pub(super) cqs: &'s [Cq<'c>],
     pub(super) cq_entries: u32,
     pub(super) busy_poll: Option<Duration>,
+    /// The shard runs as a task on the application's runtime ([`Config::in_task`]): a busy
+    /// poll gives the thread back after each piece of progress.
+    pub(super) in_task: bool,
     pub(super) rt: Weak<Runtime>,
     pub(super) peers: Vec<mpsc::UnboundedSender<Migrated<'s>>>,
     pub(super) removal: &'s super::removal::Removal,
@@ -118,7 +121,24 @@ struct Shard<'s, 'c> {
     closed_rx: bool,
     /// A device was removed: everything here has failed, and the shard ends.
     retired: bool,
+    /// When the keepalive timer fires next (`None`: no open connection has a keepalive).
+    keepalive_at: Option<Instant>,
+    /// When it fired last.
+    keepalive_tick: Option<Instant>,
 }
+
+/// How a busy poll ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Spun {
+    /// Nothing happened for the window (or the spin reached its limit): sleep.
+    Idle,
+    /// In a task: something happened; give the thread to the tasks it may have woken, then
+    /// poll again.
+    Progress,
+}
+
+/// Empty polls between two clock reads of a busy poll (each read is a system call in the VM).
+const SPINS_PER_CLOCK_READ: u32 = 64;
 
 pub(super) fn run<'s, 'c>(
     env: Env<'s, 'c>,
@@ -132,13 +152,20 @@ pub(super) fn run<'s, 'c>(
         Ok(rt) => rt,
         Err(e) => return tracing::error!("evchan shard {}: no tokio runtime: {e}", env.index),
     };
-    let span = tracing::debug_span!("evchan.shard", shard = env.index);
-    let _enter = span.enter();
-    rt.block_on(async move {
-        if let Err(e) = drive(env, rx, peer_rx).await {
-            tracing::error!("evchan shard stopped: {e}");
-        }
-    });
+    rt.block_on(serve(env, rx, peer_rx));
+}
+
+/// Drives the shard until it ends, on whatever runtime polls it (its own thread's, or the
+/// application's with [`Config::in_task`]).
+pub(super) async fn serve<'s, 'c>(
+    env: Env<'s, 'c>,
+    rx: mpsc::UnboundedReceiver<Cmd>,
+    peer_rx: mpsc::UnboundedReceiver<Migrated<'s>>,
+) {
+    let span = tracing::debug_span!("evchan.shard", shard = env.index, in_task = env.in_task);
+    if let Err(e) = tracing::Instrument::instrument(drive(env, rx, peer_rx), span).await {
+        tracing::error!("evchan shard stopped: {e}");
+    }
 }
 
 async fn drive<'s, 'c>(
@@ -170,10 +197,15 @@ async fn drive<'s, 'c>(
         dirty: Vec::new(),
         closed_rx: false,
         retired: false,
+        keepalive_at: None,
+        keepalive_tick: None,
     };
     for d in 0..shard.env.cqs.len() {
         shard.arm_and_poll(d);
     }
+    // One timer, reset only when the next keepalive check moves (not once per wake-up).
+    let mut keepalive = std::pin::pin!(tokio::time::sleep_until(tokio::time::Instant::now()));
+    let mut keepalive_armed: Option<Instant> = None;
     loop {
         if shard.retired {
             while let Ok(cmd) = rx.try_recv() {
@@ -184,11 +216,21 @@ async fn drive<'s, 'c>(
         if shard.closed_rx && shard.conns.is_empty() && shard.listeners.is_empty() {
             break;
         }
+        let mut spinning = false;
         if let Some(window) = shard.env.busy_poll {
-            shard.busy_poll(window, &mut rx, &mut slots_rx);
+            if shard.busy_poll(window, &mut rx, &mut slots_rx) == Spun::Progress {
+                // Let the tasks this woke run (and the reactor be polled), then poll again.
+                tokio::task::yield_now().await;
+                spinning = true;
+            }
         }
         let deadline = shard.next_deadline();
-        let keepalive = shard.next_keepalive();
+        if shard.keepalive_at != keepalive_armed {
+            if let Some(at) = shard.keepalive_at {
+                keepalive.as_mut().reset(at.into());
+            }
+            keepalive_armed = shard.keepalive_at;
+        }
         tokio::select! {
             guard = cm_fd.ready() => {
                 let mut guard = guard?;
@@ -226,7 +268,12 @@ async fn drive<'s, 'c>(
                 }
             }
             () = sleep_until(deadline) => shard.on_deadlines(),
-            () = sleep_until(keepalive) => shard.on_keepalive(),
+            () = &mut keepalive, if keepalive_armed.is_some() => {
+                keepalive_armed = None;
+                shard.on_keepalive();
+            }
+            // Busy-polling in a task: look at everything above without sleeping.
+            () = std::future::ready(()), if spinning => {}
         }
         shard.flush_dirty();
     }
@@ -832,6 +879,7 @@ impl<'s, 'c> Shard<'s, 'c> {
             }
         }
         self.dirty.push(conn);
+        self.keepalive_opened(conn);
     }
 
     fn on_disconnected(&mut self, conn: ConnId, removed: bool) {
@@ -1027,19 +1075,23 @@ impl<'s, 'c> Shard<'s, 'c> {
 
     /// Polls the CQs, commands and returned slots without sleeping until nothing has happened
     /// for `window` (at most 16 windows in all, so that rdma_cm events wait no longer). The
-    /// CQs stay armed meanwhile: a completion the spin does not see wakes the next wait.
+    /// CQs stay armed meanwhile: a completion the spin does not see wakes the next wait. In a
+    /// task ([`Config::in_task`]) it returns at the first progress instead, so that the tasks
+    /// it woke can run on this thread; the caller polls again after them.
     fn busy_poll(
         &mut self,
         window: Duration,
         rx: &mut mpsc::UnboundedReceiver<Cmd>,
         slots_rx: &mut mpsc::UnboundedReceiver<(ConnId, Slot)>,
-    ) {
+    ) -> Spun {
         if self.conns.is_empty() {
-            return;
+            return Spun::Idle;
         }
         let start = Instant::now();
         let mut last = start;
-        while last.elapsed() < window && start.elapsed() < window * 16 {
+        let mut busy_since_read = false;
+        let mut spins = 0u32;
+        loop {
             let mut busy = false;
             while let Ok(cmd) = rx.try_recv() {
                 self.on_cmd(cmd);
@@ -1054,9 +1106,24 @@ impl<'s, 'c> Shard<'s, 'c> {
             }
             if busy {
                 self.flush_dirty();
-                last = Instant::now();
+                if self.env.in_task {
+                    return Spun::Progress;
+                }
+                busy_since_read = true;
             } else {
                 std::hint::spin_loop();
+            }
+            spins += 1;
+            if spins.is_multiple_of(SPINS_PER_CLOCK_READ) {
+                // Progress is dated by the first clock read after it: the spin lasts at most
+                // one read's worth of spins longer than `window` after the last progress.
+                let now = Instant::now();
+                if std::mem::take(&mut busy_since_read) {
+                    last = now;
+                }
+                if now - last >= window || now - start >= window * 16 {
+                    return Spun::Idle;
+                }
             }
         }
     }
@@ -1096,7 +1163,7 @@ impl<'s, 'c> Shard<'s, 'c> {
             return;
         };
         c.outstanding = c.outstanding.saturating_sub(1);
-        c.last_activity = Instant::now();
+        c.active = true;
         let ok = wc.is_success();
         let max = c.config.max_message;
         match w.kind {

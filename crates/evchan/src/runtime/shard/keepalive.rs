@@ -16,29 +16,54 @@ use crate::runtime::conn::Phase;
 use crate::runtime::ConnId;
 
 impl Shard<'_, '_> {
-    /// When the next keepalive is due, over every open connection that has one.
-    pub(super) fn next_keepalive(&self) -> Option<Instant> {
-        self.conns
-            .values()
-            .filter(|c| c.phase == Phase::Open && c.credits.is_some())
-            .filter_map(|c| Some(c.last_activity + c.config.keepalive?))
-            .min()
+    /// A connection `conn` became open: it is checked half a keepalive interval from now.
+    pub(super) fn keepalive_opened(&mut self, conn: ConnId) {
+        let Some(c) = self.conns.get_mut(&conn) else {
+            return;
+        };
+        let (Some(idle), true) = (c.config.keepalive, c.credits.is_some()) else {
+            return;
+        };
+        c.last_activity = Instant::now();
+        c.active = false;
+        let at = c.last_activity + idle / 2;
+        self.keepalive_at = Some(self.keepalive_at.map_or(at, |t| t.min(at)));
     }
 
-    /// Sends a keepalive on each open connection idle for its interval.
+    /// The keepalive timer fired: sends a keepalive on each open connection without a
+    /// completion for its interval, and sets the next check.
+    ///
+    /// Completions only mark their connection active (no clock read per completion: the
+    /// guest's clock is a system call). A check at `now` dates a connection marked since the
+    /// previous check at that check's time, which is before the completion: so a keepalive
+    /// goes out at most one interval after the last completion. Checks come at least every
+    /// half interval while connections are open, so a busy connection never sends one (unless
+    /// the timer fires late by half an interval), and an idle one sends it no sooner than half
+    /// an interval after its last completion.
     pub(super) fn on_keepalive(&mut self) {
         let now = Instant::now();
-        let due: Vec<ConnId> = self
-            .conns
-            .iter()
-            .filter(|(_, c)| c.phase == Phase::Open && c.credits.is_some())
-            .filter(|(_, c)| {
-                c.config
-                    .keepalive
-                    .is_some_and(|k| c.last_activity + k <= now)
-            })
-            .map(|(k, _)| *k)
-            .collect();
+        let previous = self.keepalive_tick.replace(now);
+        let mut due = Vec::new();
+        let mut next: Option<Instant> = None;
+        for (conn, c) in &mut self.conns {
+            let (Phase::Open, true, Some(idle)) =
+                (c.phase, c.credits.is_some(), c.config.keepalive)
+            else {
+                continue;
+            };
+            if std::mem::take(&mut c.active) {
+                if let Some(t) = previous {
+                    c.last_activity = c.last_activity.max(t);
+                }
+            }
+            if c.last_activity + idle <= now {
+                due.push(*conn);
+                c.last_activity = now;
+            }
+            let at = (c.last_activity + idle).min(now + idle / 2);
+            next = Some(next.map_or(at, |n| n.min(at)));
+        }
+        self.keepalive_at = next;
         for conn in due {
             self.send_keepalive(conn, now);
         }
