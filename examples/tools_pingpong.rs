@@ -3,8 +3,9 @@
 //! `cargo xtask bench --tools`.
 //!
 //! ```text
-//! tools_pingpong --serve IP:PORT [--busy-poll-us N]
+//! tools_pingpong --serve IP:PORT [--busy-poll-us N] [--in-task]
 //! tools_pingpong --connect IP:PORT [--iters N] [--size BYTES] [--busy-poll-us N] [--warmup N]
+//!                [--in-task]
 //! ```
 //!
 //! The server accepts one connection, sends every message back until the peer closes, and exits.
@@ -14,7 +15,10 @@
 //! percentiles (`ib_send_lat` prints half of it; `cargo xtask bench --tools` doubles those).
 //! Without `--busy-poll-us` the shards sleep on their completion channel between completions
 //! (event mode); with it they poll for that window before sleeping (`Config::busy_poll`).
-//! Both sides use one shard and a current-thread tokio runtime.
+//! Both sides use one shard and a current-thread tokio runtime. Without `--in-task` the shard
+//! runs on a thread of its own (driver `threads`); with it (`Config::in_task(true)`) it runs as a
+//! task on that current-thread runtime (driver `task`). The result line
+//! `@tools pingpong mode=event|busy driver=threads|task size=N stats=...` says which.
 
 use std::net::SocketAddr;
 use std::process::ExitCode;
@@ -27,7 +31,7 @@ use tools_support::{emit, fail, us, Stats};
 
 const PROGRAM: &str = "tools_pingpong";
 const USAGE: &str = "usage: tools_pingpong --serve IP:PORT | --connect IP:PORT [--iters N] \
-                     [--size BYTES] [--busy-poll-us N] [--warmup N]";
+                     [--size BYTES] [--busy-poll-us N] [--warmup N] [--in-task]";
 
 struct Args {
     serve: Option<SocketAddr>,
@@ -36,6 +40,7 @@ struct Args {
     size: usize,
     warmup: usize,
     busy_poll: Option<Duration>,
+    in_task: bool,
 }
 
 fn main() -> ExitCode {
@@ -46,9 +51,15 @@ fn main() -> ExitCode {
         size: 64,
         warmup: 16,
         busy_poll: None,
+        in_task: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
+        // The one flag without a value.
+        if flag == "--in-task" {
+            a.in_task = true;
+            continue;
+        }
         let value = it
             .next()
             .unwrap_or_else(|| fail(PROGRAM, format!("{flag} needs a value\n{USAGE}")));
@@ -73,7 +84,8 @@ fn main() -> ExitCode {
     let config = Config::new()
         .shards(1)
         .max_message(u32::try_from(a.size.max(64)).unwrap_or(u32::MAX))
-        .busy_poll(a.busy_poll);
+        .busy_poll(a.busy_poll)
+        .in_task(a.in_task);
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -141,10 +153,12 @@ async fn client(addr: SocketAddr, config: Config, a: &Args) -> Result<(), Error>
     } else {
         "event"
     };
+    let driver = if a.in_task { "task" } else { "threads" };
     emit(
         "pingpong",
         &[
             ("mode", mode.to_owned()),
+            ("driver", driver.to_owned()),
             ("size", a.size.to_string()),
             ("stats", stats.fields().replace(' ', ",")),
         ],

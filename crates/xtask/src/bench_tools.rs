@@ -8,9 +8,12 @@
 //!   `cmtime -s ADDR -c 100` and `tools_cm` in each layer, all against one `cmtime -b ADDR`
 //!   server; the figure is cmtime's `us / conn` (a step's wall time ÷ 100, all in flight);
 //! - 64 B ping-pong: `ib_send_lat -R -e` (completion events) against `tools_pingpong` in event
-//!   mode, `ib_send_lat -R` (busy polling) against it with `Config::busy_poll`; `ib_send_lat`
-//!   reports half a round trip (`t_typical` is the median of the time between two posts of the
-//!   client, divided by 2; `99% percentile` likewise), so its figures are doubled here;
+//!   mode, `ib_send_lat -R` (busy polling) against it with `Config::busy_poll`; each mode with
+//!   both drivers of the async API, in the same rounds: the shard on a thread of its own
+//!   (`threads`, the default) and the shard as a task on the caller's current-thread runtime
+//!   (`task`, `Config::in_task(true)`, `tools_pingpong --in-task`); `ib_send_lat` reports half
+//!   a round trip (`t_typical` is the median of the time between two posts of the client,
+//!   divided by 2; `99% percentile` likewise), so its figures are doubled here;
 //! - CM events per second for 256 connections through 1, 2 and 4 event channels: the async
 //!   API's shards, and evchan-core with one thread per channel; the baseline is the same
 //!   layer's 1-channel figure of the same boot.
@@ -46,6 +49,11 @@ const CHANNELS: &[u32] = &[1, 2, 4];
 /// How many of the event run's connects are in flight at once (all 256 at once overran the
 /// kernel CM's connect timeout on a loaded host: `UNREACHABLE` with `ETIMEDOUT`).
 const IN_FLIGHT: u32 = 32;
+/// The async ping-pong's drivers: (`driver=` of its result line, `tools_pingpong` flags, label).
+const DRIVERS: &[(&str, &str, &str)] = &[
+    ("threads", "", "threads"),
+    ("task", " --in-task", "in-task"),
+];
 /// The busy-poll window of the async ping-pong (longer than a round trip in the VM, so the
 /// shards never sleep between two messages, as `ib_send_lat -R` never does).
 const BUSY_POLL_US: u32 = 1000;
@@ -181,13 +189,17 @@ fn script(examples: &Path, plan: &Plan) -> String {
     s.push_str("echo '@@tools phase ping-pong'\n");
     let n = plan.iters;
     for _ in 0..plan.lat_rounds {
-        let _ = writeln!(
-            s,
-            "isl event -e -s 64 -n {n}\n\
-             pp --iters {n} --size 64\n\
-             isl busy -s 64 -n {n}\n\
-             pp --iters {n} --size 64 --busy-poll-us {BUSY_POLL_US}"
-        );
+        let _ = writeln!(s, "isl event -e -s 64 -n {n}");
+        for (_, flags, _) in DRIVERS {
+            let _ = writeln!(s, "pp --iters {n} --size 64{flags}");
+        }
+        let _ = writeln!(s, "isl busy -s 64 -n {n}");
+        for (_, flags, _) in DRIVERS {
+            let _ = writeln!(
+                s,
+                "pp --iters {n} --size 64 --busy-poll-us {BUSY_POLL_US}{flags}"
+            );
+        }
     }
     s.push_str("echo '@@tools phase events'\n");
     for _ in 0..plan.event_rounds {
@@ -213,7 +225,8 @@ struct Results {
     cm: BTreeMap<(String, String), Vec<f64>>,
     /// (layer, step) → the per-connection p99 of each round (ours only).
     cm_p99: BTreeMap<(String, String), Vec<f64>>,
-    /// ("event"|"busy", "tool"|"ours") → (round-trip p50, p99) of each round, µs.
+    /// ("event"|"busy", "tool"|"threads"|"task") → (round-trip p50, p99) of each round, µs:
+    /// `ib_send_lat`'s, or ours with that driver.
     lat: BTreeMap<(String, String), Vec<(f64, f64)>>,
     /// (layer, channels) → events/s of each round.
     events: BTreeMap<(String, u32), Vec<f64>>,
@@ -265,10 +278,12 @@ impl Results {
             }
         } else if let Some(rest) = line.strip_prefix("@tools pingpong ") {
             let f = fields(rest);
+            // Lines from before `driver=` existed came from the threads driver.
+            let driver = f.get("driver").copied().unwrap_or("threads");
             if let (Some(mode), Some(p50), Some(p99)) =
                 (f.get("mode"), num(&f, "p50_us"), num(&f, "p99_us"))
             {
-                let key = ((*mode).to_owned(), "ours".to_owned());
+                let key = ((*mode).to_owned(), driver.to_owned());
                 self.lat.entry(key).or_default().push((p50, p99));
             }
         } else if let Some(rest) = line.strip_prefix("@tools events ") {
@@ -418,46 +433,67 @@ impl Results {
         let _ = write!(
             out,
             "\n### 64 B ping-pong round trip (µs)\n\n\
-             Ours: `tools_pingpong` (async `Connection::send` then `recv`, one shard each side); \
-             baseline: `ib_send_lat -R [-e] -s 64 -n {}`, its half-round-trip figures doubled \
+             Ours: `tools_pingpong` (async `Connection::send` then `recv`, one shard each side, \
+             a current-thread tokio runtime per side), with each driver in the same rounds: \
+             `threads` (the shard on a thread of its own, the default) and `in-task` \
+             (`Config::in_task(true)`: the shard a task on that runtime); baseline: \
+             `ib_send_lat -R [-e] -s 64 -n {}`, its half-round-trip figures doubled \
              (p50 from `t_typical`, p99 from `99% percentile`). Busy-poll: \
-             `Config::busy_poll({BUSY_POLL_US} µs)`. The p99 column gives ours / the tool's.\n\n",
+             `Config::busy_poll({BUSY_POLL_US} µs)`. The p99 column gives ours / the tool's. \
+             The `in-task vs threads` rows compare the two drivers (baseline: threads; their p99 column \
+             gives in-task / threads).\n\n",
             plan.iters
         );
         out.push_str(header);
+        let p50 = |v: Option<&Vec<(f64, f64)>>| -> Vec<f64> {
+            v.map(|v| v.iter().map(|x| x.0).collect())
+                .unwrap_or_default()
+        };
+        let p99 = |v: Option<&Vec<(f64, f64)>>| -> Vec<f64> {
+            v.map(|v| v.iter().map(|x| x.1).collect())
+                .unwrap_or_default()
+        };
         for (mode, label, tool) in [
             ("event", "event mode", "`ib_send_lat -R -e`"),
             ("busy", "busy-poll", "`ib_send_lat -R`"),
         ] {
             let get = |who: &str| self.lat.get(&(mode.to_owned(), who.to_owned()));
-            let p50 = |v: Option<&Vec<(f64, f64)>>| -> Vec<f64> {
-                v.map(|v| v.iter().map(|x| x.0).collect())
-                    .unwrap_or_default()
-            };
-            let p99 = |v: Option<&Vec<(f64, f64)>>| -> Vec<f64> {
-                v.map(|v| v.iter().map(|x| x.1).collect())
-                    .unwrap_or_default()
-            };
-            let (ours, tool_v) = (get("ours"), get("tool"));
-            let p99_text = format!(
-                "{} / {}",
-                fmt(median(&p99(ours))),
-                fmt(median(&p99(tool_v)))
-            );
+            let tool_v = get("tool");
+            for (driver, _, driver_label) in DRIVERS {
+                let ours = get(driver);
+                let p99_text = format!(
+                    "{} / {}",
+                    fmt(median(&p99(ours))),
+                    fmt(median(&p99(tool_v)))
+                );
+                row_text(
+                    &mut out,
+                    &format!("RTT p50, {label}, {driver_label} vs {tool}"),
+                    &p50(ours),
+                    &p50(tool_v),
+                    &p99_text,
+                    Some(Target::AtMost(1.15)),
+                );
+                row_text(
+                    &mut out,
+                    &format!("RTT p99, {label}, {driver_label} vs {tool}"),
+                    &p99(ours),
+                    &p99(tool_v),
+                    "",
+                    None,
+                );
+            }
+            let (threads, task) = (get("threads"), get("task"));
             row_text(
                 &mut out,
-                &format!("RTT p50, {label} vs {tool}"),
-                &p50(ours),
-                &p50(tool_v),
-                &p99_text,
-                Some(Target::AtMost(1.15)),
-            );
-            row_text(
-                &mut out,
-                &format!("RTT p99, {label} vs {tool}"),
-                &p99(ours),
-                &p99(tool_v),
-                "",
+                &format!("RTT p50, {label}, in-task vs threads"),
+                &p50(task),
+                &p50(threads),
+                &format!(
+                    "{} / {}",
+                    fmt(median(&p99(task))),
+                    fmt(median(&p99(threads)))
+                ),
                 None,
             );
         }
@@ -635,8 +671,9 @@ mod tests {
             r.lat[&("event".into(), "tool".into())],
             vec![(2.0 * 3866.81, 2.0 * 55566.31)]
         );
+        // A line without `driver=` (from before it existed) is the threads driver's.
         assert_eq!(
-            r.lat[&("event".into(), "ours".into())],
+            r.lat[&("event".into(), "threads".into())],
             vec![(900.0, 2000.0)]
         );
         assert_eq!(r.events[&("async".into(), 4)], vec![896.0]);
@@ -653,6 +690,90 @@ mod tests {
             "{s}"
         );
         assert!(s.contains("Failed in the VM: tools_cm async"), "{s}");
+        assert!(
+            s.contains(
+                "| RTT p50, event mode, threads vs `ib_send_lat -R -e` | 900 | 7734 | 0.12 | \
+                 2000 / 111133 | 0 % | ≤ 1.15 | yes |"
+            ),
+            "{s}"
+        );
+        // No in-task line was read: its rows say so instead of vanishing.
+        assert!(
+            s.contains(
+                "| RTT p50, event mode, in-task vs `ib_send_lat -R -e` | – | 7734 | – | \
+                 – / 111133 | – | ≤ 1.15 | no figure |"
+            ),
+            "{s}"
+        );
+    }
+
+    #[test]
+    fn parses_both_drivers_in_both_modes() {
+        let mut r = Results::default();
+        for line in [
+            "@@tools isl mode=busy",
+            " 64      300          10.00         20.00      12.50  \t       13.00     \t1.00   \t\t40.00 \t\t50.00",
+            "@tools pingpong mode=busy driver=threads size=64 stats=n=300,p50_us=250.00,p99_us=1000.00,min_us=1.00,max_us=3.00",
+            "@tools pingpong mode=busy driver=task size=64 stats=n=300,p50_us=50.00,p99_us=200.00,min_us=1.00,max_us=3.00",
+            "@tools pingpong mode=event driver=task size=64 stats=n=300,p50_us=300.00,p99_us=600.00,min_us=1.00,max_us=3.00",
+            "@tools pingpong mode=event driver=task size=64 stats=n=300,p50_us=500.00,p99_us=800.00,min_us=1.00,max_us=3.00",
+        ] {
+            r.add_line(line);
+        }
+        assert_eq!(r.lat[&("busy".into(), "tool".into())], vec![(25.0, 80.0)]);
+        assert_eq!(
+            r.lat[&("busy".into(), "threads".into())],
+            vec![(250.0, 1000.0)]
+        );
+        assert_eq!(r.lat[&("busy".into(), "task".into())], vec![(50.0, 200.0)]);
+        assert_eq!(
+            r.lat[&("event".into(), "task".into())],
+            vec![(300.0, 600.0), (500.0, 800.0)]
+        );
+        assert!(!r.lat.contains_key(&("event".into(), "threads".into())));
+        let plan = Plan {
+            cm_rounds: 1,
+            lat_rounds: 2,
+            iters: 300,
+            event_rounds: 1,
+        };
+        let s = r.section(&plan, Duration::from_secs(1), "1", "1");
+        for want in [
+            "| RTT p50, busy-poll, threads vs `ib_send_lat -R` | 250 | 25.0 | 10.00 | 1000 / 80.0 | 0 % | ≤ 1.15 | **no** |",
+            "| RTT p99, busy-poll, threads vs `ib_send_lat -R` | 1000 | 80.0 | 12.50 |  | 0 % |  |  |",
+            "| RTT p50, busy-poll, in-task vs `ib_send_lat -R` | 50.0 | 25.0 | 2.00 | 200 / 80.0 | 0 % | ≤ 1.15 | **no** |",
+            "| RTT p50, busy-poll, in-task vs threads | 50.0 | 250 | 0.20 | 200 / 1000 | 0 % |  |  |",
+            "| RTT p50, event mode, in-task vs `ib_send_lat -R -e` | 400 | – | – | 700 / – | 50 % | ≤ 1.15 | no figure |",
+            "| RTT p50, event mode, in-task vs threads | 400 | – | – | 700 / – | 50 % |  |  |",
+        ] {
+            assert!(s.contains(want), "{want}\n{s}");
+        }
+    }
+
+    #[test]
+    fn script_runs_both_drivers_in_every_ping_pong_round() {
+        let plan = Plan {
+            cm_rounds: 1,
+            lat_rounds: 2,
+            iters: 300,
+            event_rounds: 1,
+        };
+        let s = script(Path::new("/x"), &plan);
+        let pp: Vec<&str> = s.lines().filter(|l| l.starts_with("pp ")).collect();
+        assert_eq!(pp.len(), 8, "{s}");
+        for (i, want) in [
+            "pp --iters 300 --size 64",
+            "pp --iters 300 --size 64 --in-task",
+            "pp --iters 300 --size 64 --busy-poll-us 1000",
+            "pp --iters 300 --size 64 --busy-poll-us 1000 --in-task",
+        ]
+        .iter()
+        .enumerate()
+        {
+            assert_eq!(pp[i], *want);
+            assert_eq!(pp[i + 4], *want);
+        }
+        assert_eq!(s.lines().filter(|l| l.starts_with("isl ")).count(), 4);
     }
 
     #[test]
