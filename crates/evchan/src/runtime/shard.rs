@@ -125,6 +125,8 @@ struct Shard<'s, 'c> {
     keepalive_at: Option<Instant>,
     /// When it fired last.
     keepalive_tick: Option<Instant>,
+    /// Per device: the CQ is armed. A busy-polling shard arms it only before it sleeps.
+    armed: Vec<bool>,
 }
 
 /// How a busy poll ended.
@@ -183,6 +185,7 @@ async fn drive<'s, 'c>(
         .map(|c| Readable::new(c.fd()))
         .collect::<io::Result<Vec<_>>>()?;
     let (slots_back, mut slots_rx) = mpsc::unbounded_channel();
+    let env_cqs = env.cqs.len();
     let mut shard = Shard {
         cq_free: vec![env.cq_entries; env.cqs.len()],
         env,
@@ -199,6 +202,7 @@ async fn drive<'s, 'c>(
         retired: false,
         keepalive_at: None,
         keepalive_tick: None,
+        armed: vec![false; env_cqs],
     };
     for d in 0..shard.env.cqs.len() {
         shard.arm_and_poll(d);
@@ -219,10 +223,21 @@ async fn drive<'s, 'c>(
         let mut spinning = false;
         if let Some(window) = shard.env.busy_poll {
             if shard.busy_poll(window, &mut rx, &mut slots_rx) == Spun::Progress {
-                // Let the tasks this woke run (and the reactor be polled), then poll again.
+                // Let the tasks this woke run, then poll again. (A yield that wakes the shard at
+                // once would keep the run queue from emptying: a current-thread runtime polls
+                // its `block_on` future only when it does, or every 61 polls.)
                 tokio::task::yield_now().await;
                 spinning = true;
             }
+        }
+        if !spinning {
+            // Before sleeping, every CQ armed, then polled: nothing that came before is lost.
+            for d in 0..shard.env.cqs.len() {
+                if !shard.armed[d] {
+                    shard.arm_and_poll(d);
+                }
+            }
+            shard.flush_dirty();
         }
         let deadline = shard.next_deadline();
         if shard.keepalive_at != keepalive_armed {
@@ -249,7 +264,14 @@ async fn drive<'s, 'c>(
                 let mut guard = guard?;
                 shard.drain_cq_events(d);
                 guard.clear_ready();
-                shard.arm_and_poll(d);
+                // The notification is used up. A busy-polling shard polls on and arms the
+                // CQ again only when it goes to sleep (above).
+                shard.armed[d] = false;
+                if shard.env.busy_poll.is_some() {
+                    shard.poll_cq(d);
+                } else {
+                    shard.arm_and_poll(d);
+                }
             }
             cmd = rx.recv(), if !shard.closed_rx => match cmd {
                 Some(cmd) => {
@@ -1067,16 +1089,18 @@ impl<'s, 'c> Shard<'s, 'c> {
 
     /// Arm, then poll: a completion that came before the arm is not lost.
     fn arm_and_poll(&mut self, d: usize) {
-        if let Err(e) = self.env.cqs[d].req_notify(false) {
-            tracing::error!("ibv_req_notify_cq: {e}");
+        match self.env.cqs[d].req_notify(false) {
+            Ok(()) => self.armed[d] = true,
+            Err(e) => tracing::error!("ibv_req_notify_cq: {e}"),
         }
         let _ = self.poll_cq(d);
     }
 
     /// Polls the CQs, commands and returned slots without sleeping until nothing has happened
-    /// for `window` (at most 16 windows in all, so that rdma_cm events wait no longer). The
-    /// CQs stay armed meanwhile: a completion the spin does not see wakes the next wait. In a
-    /// task ([`Config::in_task`]) it returns at the first progress instead, so that the tasks
+    /// for `window` (at most 16 windows in all, so that rdma_cm events wait no longer). A CQ
+    /// whose notification came is not armed again while the shard spins (no notifications,
+    /// no events to read while it polls anyway); it is armed, then polled, before the shard
+    /// sleeps. In a task ([`Config::in_task`]) it returns at the first progress instead, so that the tasks
     /// it woke can run on this thread; the caller polls again after them.
     fn busy_poll(
         &mut self,
