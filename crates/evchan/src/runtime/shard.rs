@@ -127,6 +127,8 @@ struct Shard<'s, 'c> {
     keepalive_tick: Option<Instant>,
     /// Per device: the CQ is armed. A busy-polling shard arms it only before it sleeps.
     armed: Vec<bool>,
+    /// In a task: the last progress of a busy poll that paused since (see [`Shard::busy_poll`]).
+    spin_last: Option<Instant>,
 }
 
 /// How a busy poll ended.
@@ -203,6 +205,7 @@ async fn drive<'s, 'c>(
         keepalive_at: None,
         keepalive_tick: None,
         armed: vec![false; env_cqs],
+        spin_last: None,
     };
     for d in 0..shard.env.cqs.len() {
         shard.arm_and_poll(d);
@@ -1112,7 +1115,7 @@ impl<'s, 'c> Shard<'s, 'c> {
             return Spun::Idle;
         }
         let start = Instant::now();
-        let mut last = start;
+        let mut last = self.spin_last.take().unwrap_or(start);
         let mut busy_since_read = false;
         let mut spins = 0u32;
         loop {
@@ -1147,6 +1150,12 @@ impl<'s, 'c> Shard<'s, 'c> {
                 }
                 if now - last >= window || now - start >= window * 16 {
                     return Spun::Idle;
+                }
+                if self.env.in_task {
+                    // A pause: the runtime polls its reactor (a system call, which also lets
+                    // the kernel's deferred work on this CPU run), then the spin goes on.
+                    self.spin_last = Some(last);
+                    return Spun::Progress;
                 }
             }
         }
