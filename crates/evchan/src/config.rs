@@ -151,19 +151,23 @@ impl Config {
 
     /// Busy-poll: before a shard sleeps, it polls its CQs, commands and returned buffers
     /// without sleeping until nothing has happened for `window` (like rsocket's polling
-    /// window). Off by default: it trades a CPU per shard for latency. Handles whose shards,
-    /// CQ entries and busy-poll window are equal share one set of shards.
+    /// window). Off by default: it trades a CPU per shard for latency. While it polls, its CQs
+    /// are not armed (no completion events to read); it arms them before it sleeps. With
+    /// [`in_task`](Self::in_task) the shard yields to its runtime after each piece of progress
+    /// and every 64 empty polls, so that the application's tasks on that thread run between
+    /// polls. Handles whose shards, CQ entries and busy-poll window are equal share one set of
+    /// shards.
     #[must_use]
     pub fn busy_poll(mut self, window: Option<Duration>) -> Self {
         self.busy_poll = window;
         self
     }
 
-    /// Liveness of an idle connection: once `idle` has passed without a completion on it (a
-    /// message sent, acknowledged or received), this side sends a keepalive, a control message
-    /// without payload (a credit update that returns nothing) that the peer's RDMA device
-    /// acknowledges. A peer that died, or a cut wire, makes that send fail once the reliable
-    /// connection's retries are spent, and the connection ends with
+    /// Liveness of an idle connection: at most `idle` after its last completion (a message
+    /// sent, acknowledged or received), and not before half of it, this side sends a
+    /// keepalive, a control message without payload (a credit update that returns nothing)
+    /// that the peer's RDMA device acknowledges. A peer that died, or a cut wire, makes that
+    /// send fail once the reliable connection's retries are spent, and the connection ends with
     /// [`Lost::WorkCompletion`](crate::Lost::WorkCompletion): pending `recv`, `send` and
     /// `close` return. Without it, a connection with nothing in flight never learns that its
     /// peer is gone. Only toward evchan peers (a plain librdmacm peer would read it as data);
@@ -193,20 +197,27 @@ impl Config {
     /// Drive the connections on the caller's tokio runtime instead of on threads of their own:
     /// one shard (the [`shards`](Self::shards) setting is not used) that runs as a task
     /// (`tokio::spawn`) on the runtime of the task that first connects or listens with this
-    /// setting, on that thread. Receiving, sending and the shard's work then hand over between
+    /// setting on that thread. Receiving, sending and the shard's work then hand over between
     /// tasks, not threads: on a current-thread runtime a round trip needs no thread wake-up
-    /// besides the completion channel's (see `docs/BENCHMARKS.md`). The runtime must have
-    /// its I/O and time drivers enabled (`enable_all`). Handles made on another thread get a
-    /// shard of their own; every handle of a shard fails with
-    /// [`Lost::Closed`](crate::Lost::Closed) once that runtime shuts down. With
-    /// [`busy_poll`](Self::busy_poll), the shard keeps the thread while it polls and yields it
-    /// after each delivery. A removed device is seen only through rdma_cm's `DEVICE_REMOVAL`
-    /// event here, not through the device's verbs node (see `docs/RELIABILITY.md`). Off by
-    /// default.
+    /// besides the completion channel's (see `docs/BENCHMARKS.md`). The runtime must have its
+    /// I/O and time drivers enabled (`enable_all`); outside a tokio runtime, connect and bind
+    /// fail with [`Error::Config`](crate::Error::Config). Handles made on another thread get
+    /// a shard of their own. When that runtime shuts down, the shard is dropped with it:
+    /// everything of its connections and listeners is released, and their handles fail with
+    /// [`Lost::Shutdown`](crate::Lost::Shutdown). With [`busy_poll`](Self::busy_poll), see
+    /// there. A removed device is seen only through rdma_cm's `DEVICE_REMOVAL` event here,
+    /// not through the device's verbs node (see `docs/RELIABILITY.md`). Off by default.
     ///
     /// ```
+    /// # async fn f() -> Result<(), evchan::Error> {
     /// let config = evchan::Config::new().in_task(true);
-    /// # let _ = config;
+    /// let mut conn = evchan::Connection::builder()
+    ///     .config(config)
+    ///     .connect("169.254.77.1:7471".parse().unwrap())
+    ///     .await?;
+    /// conn.send("ping").await?;
+    /// # Ok(())
+    /// # }
     /// ```
     #[must_use]
     pub fn in_task(mut self, yes: bool) -> Self {

@@ -146,9 +146,9 @@ impl ConnectBuilder {
             reply,
         });
         if !sent {
-            return Err(Error::ConnectionLost(Lost::Closed));
+            return Err(Error::ConnectionLost(shard.lost()));
         }
-        rx.await.map_err(|_| Error::ConnectionLost(Lost::Closed))?
+        rx.await.map_err(|_| Error::ConnectionLost(shard.lost()))?
     }
 }
 
@@ -358,7 +358,7 @@ impl SendHalf {
         }) {
             Ok(())
         } else {
-            Err(Error::ConnectionLost(Lost::Closed))
+            Err(Error::ConnectionLost(self.shard.lost()))
         }
     }
 
@@ -424,8 +424,9 @@ impl RecvHalf {
                 Err(Error::ConnectionLost(l))
             }
             None => {
-                self.end = Some(Err(Lost::Closed));
-                Err(Error::ConnectionLost(Lost::Closed))
+                let lost = self.shard.lost();
+                self.end = Some(Err(lost.clone()));
+                Err(Error::ConnectionLost(lost))
             }
         }
     }

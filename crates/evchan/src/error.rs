@@ -57,6 +57,12 @@ pub enum Lost {
     /// This side closed the connection.
     #[error("the connection was closed")]
     Closed,
+    /// The tokio runtime that drove the connection ([`Config::in_task`]) shut down: its shard
+    /// was dropped with it, and everything of the connection was released.
+    ///
+    /// [`Config::in_task`]: crate::Config::in_task
+    #[error("the tokio runtime driving the connection shut down")]
+    Shutdown,
 }
 
 /// An error of the async connection API.

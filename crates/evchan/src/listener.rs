@@ -8,7 +8,7 @@ use crate::config::Config;
 use crate::connection::{
     check_private_data, Connection, MAX_ACCEPT_PRIVATE_DATA, MAX_REJECT_PRIVATE_DATA,
 };
-use crate::error::{Error, Lost, Result};
+use crate::error::{Error, Result};
 use crate::runtime::{Cmd, ConnId, Runtime, ShardRef};
 
 /// A listening rdma_cm id (`rdma_bind_addr` + `rdma_listen`), like `tokio::net::TcpListener`.
@@ -71,9 +71,9 @@ impl Listener {
             config,
             reply,
         }) {
-            return Err(Error::ConnectionLost(Lost::Closed));
+            return Err(Error::ConnectionLost(shard.lost()));
         }
-        rx.await.map_err(|_| Error::ConnectionLost(Lost::Closed))?
+        rx.await.map_err(|_| Error::ConnectionLost(shard.lost()))?
     }
 
     pub(crate) fn new(
@@ -95,14 +95,16 @@ impl Listener {
     /// Cancel safety: cancel-safe; a request is only taken when the future completes.
     ///
     /// # Errors
-    /// [`Error::ConnectionLost`] once the listening id is gone (its device was removed).
+    /// [`Error::ConnectionLost`] once the listening id is gone: its device was removed
+    /// ([`Lost::DeviceRemoved`](crate::Lost::DeviceRemoved)), or the tokio runtime of its
+    /// in-task shard shut down ([`Lost::Shutdown`](crate::Lost::Shutdown)).
     pub async fn accept(&self) -> Result<Incoming> {
         self.queue
             .lock()
             .await
             .recv()
             .await
-            .ok_or(Error::ConnectionLost(Lost::DeviceRemoved))
+            .ok_or_else(|| Error::ConnectionLost(self.shard.lost()))
     }
 
     /// The bound address.
@@ -184,9 +186,10 @@ impl Incoming {
             private_data: private_data.to_vec(),
             reply,
         }) {
-            return Err(Error::ConnectionLost(Lost::Closed));
+            return Err(Error::ConnectionLost(self.shard.lost()));
         }
-        rx.await.map_err(|_| Error::ConnectionLost(Lost::Closed))?
+        rx.await
+            .map_err(|_| Error::ConnectionLost(self.shard.lost()))?
     }
 
     /// Rejects with `private_data` (at most [`MAX_REJECT_PRIVATE_DATA`] bytes): the peer's

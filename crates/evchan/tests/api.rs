@@ -1,6 +1,8 @@
 //! What holds without a device: the handles' auto traits, configuration checks, the
 //! no-device error.
 
+use std::future::Future;
+
 use evchan::{Config, Connection, Error, Incoming, Listener, RecvHalf, SendHalf, Stream};
 
 fn send_static<T: Send + 'static>() {}
@@ -82,4 +84,26 @@ fn no_device_says_how_to_get_one() {
     assert!(message.contains("rdma link add"), "{message}");
     let io: std::io::Error = e.into();
     assert_eq!(io.kind(), std::io::ErrorKind::NotFound);
+}
+
+/// `Config::in_task` outside a tokio runtime (here: polled by hand, as another executor
+/// would) is a configuration error at once, with or without a device.
+#[test]
+fn in_task_outside_tokio_is_a_config_error() {
+    let addr = "169.254.77.1:7471".parse().unwrap();
+    let config = Config::new().in_task(true);
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    let connect = std::pin::pin!(Connection::builder().config(config.clone()).connect(addr));
+    let std::task::Poll::Ready(Err(e)) = connect.poll(&mut cx) else {
+        panic!("connect did not fail at once");
+    };
+    assert!(
+        matches!(e, Error::Config(ref m) if m.contains("tokio runtime")),
+        "{e}"
+    );
+    let bind = std::pin::pin!(Listener::bind(addr, config));
+    let std::task::Poll::Ready(Err(e)) = bind.poll(&mut cx) else {
+        panic!("bind did not fail at once");
+    };
+    assert!(matches!(e, Error::Config(_)), "{e}");
 }

@@ -171,6 +171,18 @@ impl ShardRef {
     pub(crate) fn send(&self, cmd: Cmd) -> bool {
         self.rt.shards[self.index].send(cmd).is_ok()
     }
+
+    /// Why the shard no longer answers: a device removal retired it, or it is gone (an
+    /// in-task shard dropped with its tokio runtime), or else this side closed.
+    pub(crate) fn lost(&self) -> Lost {
+        if self.rt.removal.is_retired() {
+            Lost::DeviceRemoved
+        } else if self.rt.shards[self.index].is_closed() {
+            Lost::Shutdown
+        } else {
+            Lost::Closed
+        }
+    }
 }
 
 /// What makes two runtimes different: shards, CQ entries, busy-poll window, and for an

@@ -131,6 +131,21 @@ struct Shard<'s, 'c> {
     spin_last: Option<Instant>,
 }
 
+impl Drop for Shard<'_, '_> {
+    /// A shard that ends normally has no connection left (or has failed them all, for a
+    /// device removal). One dropped with connections is an in-task shard whose tokio runtime
+    /// shut down: their `send`s, which could wait for a permit forever, fail now; their
+    /// `recv`s and the listeners' `accept`s see their channels closed. Everything else goes
+    /// with the fields (ids, QPs, memory regions).
+    fn drop(&mut self) {
+        for c in self.conns.values() {
+            if let Some(shared) = &c.shared {
+                shared.end(SendEnd::Lost(Lost::Shutdown));
+            }
+        }
+    }
+}
+
 /// How a busy poll ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Spun {
