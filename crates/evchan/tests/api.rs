@@ -107,3 +107,27 @@ fn in_task_outside_tokio_is_a_config_error() {
     };
     assert!(matches!(e, Error::Config(_)), "{e}");
 }
+
+/// `Config::in_task` on a tokio runtime without its I/O or time driver is a configuration
+/// error at once, not a shard task that dies later (tokio's panic is caught, and printed).
+#[test]
+fn in_task_without_drivers_is_a_config_error() {
+    let addr = "169.254.77.1:7471".parse().unwrap();
+    let config = Config::new().in_task(true);
+    let bare = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    let no_time = tokio::runtime::Builder::new_current_thread()
+        .enable_io()
+        .build()
+        .unwrap();
+    for rt in [bare, no_time] {
+        let e = rt
+            .block_on(Connection::builder().config(config.clone()).connect(addr))
+            .unwrap_err();
+        assert!(
+            matches!(e, Error::Config(ref m) if m.contains("enable_all")),
+            "{e}"
+        );
+    }
+}

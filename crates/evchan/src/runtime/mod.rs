@@ -247,6 +247,7 @@ impl Runtime {
                     "Config::in_task: connect or listen from within a tokio runtime".into(),
                 )
             })?;
+            probe_drivers()?;
             // What fails for lack of a device fails here, at once, with its own error.
             let channel = EventChannel::new()?;
             let devices = open_devices()?;
@@ -368,6 +369,29 @@ fn run(
     // Dropped in reverse declaration order: CQs, completion channels, PDs, contexts, event
     // channels. After a device removal, `Runtime::start`'s thread then waits for librdmacm to
     // close its own context of the device (`removal::let_go`).
+}
+
+/// Whether the current tokio runtime has the I/O and time drivers an in-task shard needs.
+/// tokio panics when a descriptor is registered or a timer made without them; that panic
+/// (printed by the panic hook) is caught here and becomes a configuration error, instead of
+/// ending the shard's task later.
+fn probe_drivers() -> Result<()> {
+    let probe = std::panic::catch_unwind(|| {
+        let (reader, _writer) = std::io::pipe()?;
+        drop(evchan_core::Readable::new(std::os::fd::AsFd::as_fd(
+            &reader,
+        ))?);
+        drop(tokio::time::sleep(std::time::Duration::ZERO));
+        Ok::<_, std::io::Error>(())
+    });
+    match probe {
+        Ok(done) => Ok(done?),
+        Err(_) => Err(Error::Config(
+            "Config::in_task needs a tokio runtime with its I/O and time drivers enabled \
+             (Builder::enable_all)"
+                .into(),
+        )),
+    }
 }
 
 /// librdmacm's context of every device it lists.
