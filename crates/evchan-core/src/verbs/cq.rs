@@ -131,15 +131,13 @@ impl<'ch> Cq<'ch> {
     /// [`Error::Io`] with the `ibv_poll_cq` error.
     #[doc(alias = "ibv_poll_cq")]
     pub fn poll(&self, out: &mut Vec<WorkCompletion>, max: usize) -> Result<usize> {
-        let mut buf = [ffi::RawWc::default(); ffi::POLL_BATCH];
         let mut total = 0;
         while total < max {
             let want = (max - total).min(ffi::POLL_BATCH);
             let n = self
                 .raw
-                .poll(&mut buf[..want])
+                .poll_each(want, |raw| out.push(WorkCompletion { raw }))
                 .map_err(Error::io("ibv_poll_cq"))?;
-            out.extend(buf[..n].iter().map(|&raw| WorkCompletion { raw }));
             total += n;
             if n < want {
                 break;

@@ -32,6 +32,37 @@ use crate::config::Config;
 use crate::error::{Error, Lost, Result};
 use crate::proto::Peer;
 
+/// The hasher of the shards' maps, whose keys are their own integers (connection numbers,
+/// work request ids, id keys), never a peer's: FxHash's multiply-rotate, not SipHash, which
+/// took a tenth of a shard's user-space instructions per round trip (callgrind of the async
+/// ping-pong; docs/BENCHMARKS.md).
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct IntHasher(u64);
+
+impl std::hash::Hasher for IntHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.write_u64(u64::from(b));
+        }
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        self.0 = (self.0.rotate_left(5) ^ n).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+    }
+
+    fn write_usize(&mut self, n: usize) {
+        self.write_u64(n as u64);
+    }
+}
+
+/// A map with [`IntHasher`].
+pub(crate) type IntMap<K, V> =
+    std::collections::HashMap<K, V, std::hash::BuildHasherDefault<IntHasher>>;
+
 /// A connection's number, unique within its runtime (ids' addresses are reused).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub(crate) struct ConnId(pub(crate) u64);

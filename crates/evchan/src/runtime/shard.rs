@@ -1,7 +1,6 @@
 //! One shard: an event channel, per device a completion channel and CQ, and the connections
 //! whose ids live on that channel, driven by a current-thread tokio runtime.
 
-use std::collections::HashMap;
 use std::future::poll_fn;
 use std::io;
 use std::net::SocketAddr;
@@ -22,7 +21,7 @@ use evchan_core::{CmEvent, CmId, EventChannel, Readable};
 
 use super::conn::{with_id, Conn, IdState, Path, Phase};
 use super::half_open::{HalfOpen, HalfOpenLimit};
-use super::{Cmd, ConnId, Delivery, Established, Runtime, SendEnd, Shared};
+use super::{Cmd, ConnId, Delivery, Established, IntMap, Runtime, SendEnd, Shared};
 use crate::config::Config;
 use crate::error::{Error, Lost, Result, Step};
 use crate::proto::{self, Credits, Handshake, Kind, Peer, ProtocolError};
@@ -108,11 +107,11 @@ impl Drop for RecvBuf {
 struct Shard<'s, 'c> {
     env: Env<'s, 'c>,
     channel: &'s EventChannel,
-    conns: HashMap<ConnId, Conn<'s>>,
-    by_key: HashMap<IdKey, ConnId>,
-    listeners: HashMap<ConnId, Listening<'s>>,
-    listener_keys: HashMap<IdKey, ConnId>,
-    posted: HashMap<u64, PostedWr>,
+    conns: IntMap<ConnId, Conn<'s>>,
+    by_key: IntMap<IdKey, ConnId>,
+    listeners: IntMap<ConnId, Listening<'s>>,
+    listener_keys: IntMap<IdKey, ConnId>,
+    posted: IntMap<u64, PostedWr>,
     cq_free: Vec<u32>,
     slots_back: mpsc::UnboundedSender<(ConnId, Slot)>,
     wcs: Vec<WorkCompletion>,
@@ -207,11 +206,11 @@ async fn drive<'s, 'c>(
         cq_free: vec![env.cq_entries; env.cqs.len()],
         env,
         channel,
-        conns: HashMap::new(),
-        by_key: HashMap::new(),
-        listeners: HashMap::new(),
-        listener_keys: HashMap::new(),
-        posted: HashMap::new(),
+        conns: IntMap::default(),
+        by_key: IntMap::default(),
+        listeners: IntMap::default(),
+        listener_keys: IntMap::default(),
+        posted: IntMap::default(),
         slots_back,
         wcs: Vec::with_capacity(POLL_BATCH),
         dirty: Vec::new(),
@@ -282,14 +281,11 @@ async fn drive<'s, 'c>(
                 let mut guard = guard?;
                 shard.drain_cq_events(d);
                 guard.clear_ready();
-                // The notification is used up. A busy-polling shard polls on and arms the
-                // CQ again only when it goes to sleep (above).
+                // The notification is used up. The CQ is armed again only when the shard goes
+                // to sleep (above): a completion that comes meanwhile (a send's, which rxe
+                // completes inside the post) is polled then, without an event of its own.
                 shard.armed[d] = false;
-                if shard.env.busy_poll.is_some() {
-                    shard.poll_cq(d);
-                } else {
-                    shard.arm_and_poll(d);
-                }
+                shard.poll_cq(d);
             }
             cmd = rx.recv(), if !shard.closed_rx => match cmd {
                 Some(cmd) => {
@@ -1091,17 +1087,16 @@ impl<'s, 'c> Shard<'s, 'c> {
     // Completions
     // ---------------------------------------------------------------------------------------
 
+    /// Reads the completion channel of device `d` empty. Its one CQ notifies once per arm,
+    /// and the shard arms it again only after the event of the last arm was read (`armed`
+    /// stays set until then): so there is at most one event to read, and the read that would
+    /// find the channel empty (a `poll` more per wake-up) is not made.
     fn drain_cq_events(&mut self, d: usize) {
         let cq = &self.env.cqs[d];
-        loop {
-            match self.env.comps[d].try_get_cq_event(&[cq]) {
-                Ok(Some(event)) => event.ack(), // counted; acked in batches by the CQ
-                Ok(None) => break,
-                Err(e) => {
-                    tracing::error!("ibv_get_cq_event: {e}");
-                    break;
-                }
-            }
+        match self.env.comps[d].try_get_cq_event(&[cq]) {
+            Ok(Some(event)) => event.ack(), // counted; acked in batches by the CQ
+            Ok(None) => {}
+            Err(e) => tracing::error!("ibv_get_cq_event: {e}"),
         }
     }
 
@@ -1569,7 +1564,7 @@ enum CtrlPost {
 fn post_ctrl<'s>(
     id: &CmId<'s, evchan_core::cm::state::Connected>,
     path: &mut Path<'s>,
-    posted: &mut HashMap<u64, PostedWr>,
+    posted: &mut IntMap<u64, PostedWr>,
     conn: ConnId,
     imm: u32,
 ) -> CtrlPost {

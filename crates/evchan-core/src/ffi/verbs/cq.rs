@@ -206,7 +206,20 @@ impl<'ch> Cq<'ch> {
 
     /// `ibv_poll_cq` for at most `min(out.len(), POLL_BATCH)` completions.
     pub(crate) fn poll(&self, out: &mut [RawWc]) -> io::Result<usize> {
-        let n = out.len().min(POLL_BATCH);
+        let mut k = 0;
+        let max = out.len();
+        self.poll_each(max, |wc| {
+            out[k] = wc;
+            k += 1;
+        })
+    }
+
+    /// `ibv_poll_cq` for at most `max` (≤ [`POLL_BATCH`]) completions, each handed to `each`
+    /// in order; how many came. The provider writes into an uninitialised buffer: nothing is
+    /// zeroed or copied for entries that do not come.
+    #[inline]
+    pub(crate) fn poll_each(&self, max: usize, mut each: impl FnMut(RawWc)) -> io::Result<usize> {
+        let n = max.min(POLL_BATCH);
         if n == 0 {
             return Ok(0);
         }
@@ -216,12 +229,13 @@ impl<'ch> Cq<'ch> {
         let got =
             unsafe { sys::ibv_poll_cq(self.ptr.as_ptr(), n as c_int, wcs.as_mut_ptr().cast()) };
         let got = usize::try_from(got)
-            .map_err(|_| io::Error::from_raw_os_error(got.unsigned_abs() as i32))?;
-        for (slot, wc) in out.iter_mut().zip(&wcs[..got.min(n)]) {
+            .map_err(|_| io::Error::from_raw_os_error(got.unsigned_abs() as i32))?
+            .min(n);
+        for wc in &wcs[..got] {
             // SAFETY: ibv_poll_cq initialised the first `got` entries.
-            *slot = RawWc::read(unsafe { wc.assume_init_ref() });
+            each(RawWc::read(unsafe { wc.assume_init_ref() }));
         }
-        Ok(got.min(n))
+        Ok(got)
     }
 
     /// `ibv_poll_cq` for one completion, straight into one `ibv_wc` (no batch buffer): the
