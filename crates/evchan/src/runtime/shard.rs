@@ -1,7 +1,7 @@
 //! One shard: an event channel, per device a completion channel and CQ, and the connections
 //! whose ids live on that channel, driven by a current-thread tokio runtime.
 
-use std::future::poll_fn;
+use std::future::{poll_fn, Future};
 use std::io;
 use std::net::SocketAddr;
 use std::os::fd::AsFd;
@@ -17,7 +17,8 @@ use evchan_core::cm::{ConnParam, EventKind, IdKey, PortSpace, Status};
 use evchan_core::verbs::{
     CompChannel, Cq, Pd, PostedSlot, QpInit, Slot, SlotPool, WcStatus, WorkCompletion,
 };
-use evchan_core::{CmEvent, CmId, EventChannel, Readable};
+use evchan_core::{CmEvent, CmId, EventChannel, FdNumber, Readable};
+use tokio::io::unix::AsyncFdReadyGuard;
 
 use super::conn::{with_id, Conn, IdState, Path, Phase};
 use super::half_open::{HalfOpen, HalfOpenLimit};
@@ -145,6 +146,21 @@ impl Drop for Shard<'_, '_> {
     }
 }
 
+/// What woke a shard (see `drive`).
+enum Wake<'f, 's> {
+    Cm(io::Result<AsyncFdReadyGuard<'f, FdNumber>>),
+    Comp(usize, io::Result<AsyncFdReadyGuard<'f, FdNumber>>),
+    Cmd(Option<Cmd>),
+    Migrated(Migrated<'s>),
+    SlotBack(ConnId, Slot),
+    Deadline,
+    Keepalive,
+    Spin,
+}
+
+/// How many kinds of [`Wake`] a shard looks at.
+const WAKE_SOURCES: usize = 8;
+
 /// How a busy poll ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Spun {
@@ -224,9 +240,12 @@ async fn drive<'s, 'c>(
     for d in 0..shard.env.cqs.len() {
         shard.arm_and_poll(d);
     }
-    // One timer, reset only when the next keepalive check moves (not once per wake-up).
+    // Two timers, each reset only when its instant moves (not made again on every wake-up).
     let mut keepalive = std::pin::pin!(tokio::time::sleep_until(tokio::time::Instant::now()));
     let mut keepalive_armed: Option<Instant> = None;
+    let mut deadline_sleep = std::pin::pin!(tokio::time::sleep_until(tokio::time::Instant::now()));
+    let mut deadline_armed: Option<Instant> = None;
+    let mut turn = 0usize;
     loop {
         if shard.retired {
             while let Ok(cmd) = rx.try_recv() {
@@ -257,27 +276,68 @@ async fn drive<'s, 'c>(
             shard.flush_dirty();
         }
         let deadline = shard.next_deadline();
+        if deadline != deadline_armed {
+            if let Some(at) = deadline {
+                deadline_sleep.as_mut().reset(at.into());
+            }
+            deadline_armed = deadline;
+        }
         if shard.keepalive_at != keepalive_armed {
             if let Some(at) = shard.keepalive_at {
                 keepalive.as_mut().reset(at.into());
             }
             keepalive_armed = shard.keepalive_at;
         }
-        tokio::select! {
-            guard = cm_fd.ready() => {
+        // What woke the shard: one source per turn, looked at from a different one each turn
+        // so that none starves the others. Polled by hand rather than through `select!`,
+        // which makes, registers and drops a future per source on every turn.
+        turn = turn.wrapping_add(1);
+        let woke = poll_fn(|cx| {
+            for k in 0..WAKE_SOURCES {
+                let ready = match (turn + k) % WAKE_SOURCES {
+                    0 => cm_fd.poll_ready(cx).map(Wake::Cm),
+                    1 => comp_fds
+                        .iter()
+                        .enumerate()
+                        .find_map(|(d, fd)| match fd.poll_ready(cx) {
+                            Poll::Ready(g) => Some(Wake::Comp(d, g)),
+                            Poll::Pending => None,
+                        })
+                        .map_or(Poll::Pending, Poll::Ready),
+                    2 if !shard.closed_rx => rx.poll_recv(cx).map(Wake::Cmd),
+                    3 => match peer_rx.poll_recv(cx) {
+                        Poll::Ready(Some(m)) => Poll::Ready(Wake::Migrated(m)),
+                        _ => Poll::Pending,
+                    },
+                    4 => match slots_rx.poll_recv(cx) {
+                        Poll::Ready(Some((conn, slot))) => Poll::Ready(Wake::SlotBack(conn, slot)),
+                        _ => Poll::Pending,
+                    },
+                    5 if deadline_armed.is_some() => {
+                        deadline_sleep.as_mut().poll(cx).map(|()| Wake::Deadline)
+                    }
+                    6 if keepalive_armed.is_some() => {
+                        keepalive.as_mut().poll(cx).map(|()| Wake::Keepalive)
+                    }
+                    // Busy-polling in a task: look at everything else without sleeping.
+                    7 if spinning => Poll::Ready(Wake::Spin),
+                    _ => Poll::Pending,
+                };
+                if ready.is_ready() {
+                    return ready;
+                }
+            }
+            Poll::Pending
+        })
+        .await;
+        match woke {
+            Wake::Cm(guard) => {
                 let mut guard = guard?;
                 // Drain every event, then clear readiness: an edge is never lost.
                 shard.drain_cm();
                 guard.clear_ready();
             }
-            (d, guard) = poll_fn(|cx| {
-                for (d, fd) in comp_fds.iter().enumerate() {
-                    if let Poll::Ready(g) = fd.poll_ready(cx) {
-                        return Poll::Ready((d, g));
-                    }
-                }
-                Poll::Pending
-            }) => {
+            Wake::Comp(d, guard) => {
                 let mut guard = guard?;
                 shard.drain_cq_events(d);
                 guard.clear_ready();
@@ -287,42 +347,35 @@ async fn drive<'s, 'c>(
                 shard.armed[d] = false;
                 shard.poll_cq(d);
             }
-            cmd = rx.recv(), if !shard.closed_rx => match cmd {
-                Some(cmd) => {
+            Wake::Cmd(Some(cmd)) => {
+                shard.on_cmd(cmd);
+                while let Ok(cmd) = rx.try_recv() {
                     shard.on_cmd(cmd);
-                    while let Ok(cmd) = rx.try_recv() {
-                        shard.on_cmd(cmd);
-                    }
                 }
-                None => shard.on_all_handles_gone(),
-            },
-            Some(m) = peer_rx.recv() => shard.on_migrated(m),
-            Some((conn, slot)) = slots_rx.recv() => {
+            }
+            Wake::Cmd(None) => shard.on_all_handles_gone(),
+            Wake::Migrated(m) => shard.on_migrated(m),
+            Wake::SlotBack(conn, slot) => {
                 shard.on_slot_back(conn, slot);
                 while let Ok((conn, slot)) = slots_rx.try_recv() {
                     shard.on_slot_back(conn, slot);
                 }
             }
-            () = sleep_until(deadline) => shard.on_deadlines(),
-            () = &mut keepalive, if keepalive_armed.is_some() => {
+            Wake::Deadline => {
+                deadline_armed = None;
+                shard.on_deadlines();
+            }
+            Wake::Keepalive => {
                 keepalive_armed = None;
                 shard.on_keepalive();
             }
-            // Busy-polling in a task: look at everything above without sleeping.
-            () = std::future::ready(()), if spinning => {}
+            Wake::Spin => {}
         }
         shard.flush_dirty();
     }
     drop(comp_fds);
     drop(cm_fd);
     Ok(())
-}
-
-async fn sleep_until(deadline: Option<Instant>) {
-    match deadline {
-        Some(d) => tokio::time::sleep_until(d.into()).await,
-        None => std::future::pending().await,
-    }
 }
 
 fn status_error(step: Step, status: Status) -> Error {
