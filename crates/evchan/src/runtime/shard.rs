@@ -246,6 +246,7 @@ async fn drive<'s, 'c>(
     let mut deadline_sleep = std::pin::pin!(tokio::time::sleep_until(tokio::time::Instant::now()));
     let mut deadline_armed: Option<Instant> = None;
     let mut turn = 0usize;
+    let multi_shard = shard.env.peers.len() > 1;
     loop {
         if shard.retired {
             while let Ok(cmd) = rx.try_recv() {
@@ -305,7 +306,8 @@ async fn drive<'s, 'c>(
                         })
                         .map_or(Poll::Pending, Poll::Ready),
                     2 if !shard.closed_rx => rx.poll_recv(cx).map(Wake::Cmd),
-                    3 => match peer_rx.poll_recv(cx) {
+                    // Requests migrated from another shard (none with one shard).
+                    3 if multi_shard => match peer_rx.poll_recv(cx) {
                         Poll::Ready(Some(m)) => Poll::Ready(Wake::Migrated(m)),
                         _ => Poll::Pending,
                     },
