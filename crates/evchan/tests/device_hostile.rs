@@ -250,23 +250,12 @@ async fn fresh_client_served(addr: SocketAddr) {
     step("close", conn.close()).await;
 }
 
-/// Waits (at most 20 s) until `rdma resource show qp` lists exactly `n` user-space QPs.
+/// [`support::qps_settle_to`], off the runtime's threads.
 async fn qps_settle_to(n: usize, what: &str) {
-    let start = Instant::now();
-    loop {
-        let qps = tokio::task::spawn_blocking(|| user_rdma_resources("qp"))
-            .await
-            .unwrap();
-        if qps.len() == n {
-            return;
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(20),
-            "{what}: {} QPs listed, {n} expected: {qps:#?}",
-            qps.len()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let what = what.to_owned();
+    tokio::task::spawn_blocking(move || support::qps_settle_to(n, &what))
+        .await
+        .unwrap();
 }
 
 // -------------------------------------------------------------------------------------------

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use evchan::{Config, Connection, Error, Listener, Lost};
-use support::{evchan_threads, port, step, user_rdma_resources, v4};
+use support::{evchan_threads, port, qps_settle_to, step, v4};
 
 fn msg(i: u32, len: usize) -> Bytes {
     let mut v = vec![(i % 251) as u8; len.max(4)];
@@ -70,23 +70,6 @@ async fn echo_on_a_multi_thread_runtime() {
     require_device!();
     echo_run(Config::new().in_task(true), port(3), 200).await;
     assert_eq!(evchan_threads(), Vec::<String>::new());
-}
-
-/// Waits (at most 20 s) until `rdma resource show qp` lists exactly `n` user-space QPs.
-fn qps_settle_to(n: usize, what: &str) {
-    let start = std::time::Instant::now();
-    loop {
-        let qps = user_rdma_resources("qp");
-        if qps.len() == n {
-            return;
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(20),
-            "{what}: {} QPs listed, {n} expected: {qps:#?}",
-            qps.len()
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
 }
 
 /// The application's runtime shuts down while a connection lives: its handles then fail

@@ -178,6 +178,25 @@ pub fn user_rdma_resources(kind: &str) -> Vec<String> {
         .collect()
 }
 
+/// Waits (at most 20 s) until `rdma resource show qp` lists exactly `n` user-space QPs;
+/// blocking (from async code, call it in `spawn_blocking`).
+#[track_caller]
+pub fn qps_settle_to(n: usize, what: &str) {
+    let start = std::time::Instant::now();
+    loop {
+        let qps = user_rdma_resources("qp");
+        if qps.len() == n {
+            return;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "{what}: {} QPs listed, {n} expected: {qps:#?}",
+            qps.len()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
 /// glibc's `malloc_trim(0)`: gives the free memory of every malloc arena back to the kernel, so
 /// that [`rss_kib`] afterwards counts what is allocated rather than what glibc keeps cached
 /// (each round's new threads get arenas of their own, whose cached free memory otherwise moves
