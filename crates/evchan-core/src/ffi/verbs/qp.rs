@@ -419,19 +419,50 @@ impl QpPtr<'_> {
     }
 }
 
+/// How many scatter/gather elements [`SgList`] keeps on the stack (every post evchan itself
+/// makes has one).
+const INLINE_SGES: usize = 4;
+
+/// A work request's C scatter/gather list: on the stack up to [`INLINE_SGES`] elements (no
+/// allocation per post), on the heap beyond.
+enum SgList {
+    Inline([sys::ibv_sge; INLINE_SGES]),
+    Heap(Vec<sys::ibv_sge>),
+}
+
+impl SgList {
+    /// The first element, for `sg_list`; valid while `self` is neither moved nor dropped.
+    fn as_mut_ptr(&mut self) -> *mut sys::ibv_sge {
+        match self {
+            SgList::Inline(a) => a.as_mut_ptr(),
+            SgList::Heap(v) => v.as_mut_ptr(),
+        }
+    }
+}
+
 /// `sges` as the C scatter/gather list of a work request, and its length as `num_sge`
 /// (`EINVAL` past `c_int`).
-fn c_sg_list(sges: &[Sge]) -> io::Result<(Vec<sys::ibv_sge>, c_int)> {
+fn c_sg_list(sges: &[Sge]) -> io::Result<(SgList, c_int)> {
     let num_sge =
         c_int::try_from(sges.len()).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
-    let sg = sges
-        .iter()
-        .map(|s| sys::ibv_sge {
-            addr: s.addr,
-            length: s.length,
-            lkey: s.lkey,
-        })
-        .collect();
+    let c = |s: &Sge| sys::ibv_sge {
+        addr: s.addr,
+        length: s.length,
+        lkey: s.lkey,
+    };
+    let sg = if sges.len() <= INLINE_SGES {
+        let mut a = [sys::ibv_sge {
+            addr: 0,
+            length: 0,
+            lkey: 0,
+        }; INLINE_SGES];
+        for (slot, s) in a.iter_mut().zip(sges) {
+            *slot = c(s);
+        }
+        SgList::Inline(a)
+    } else {
+        SgList::Heap(sges.iter().map(c).collect())
+    };
     Ok((sg, num_sge))
 }
 
