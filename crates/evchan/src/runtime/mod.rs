@@ -468,6 +468,8 @@ async fn run_in_task(
     devices: Vec<Device>,
     removal: Arc<removal::Removal>,
 ) {
+    // Declared first, dropped last: after everything below, however the task ends.
+    let _let_go = LetGo(removal.clone());
     {
         // Dropped in reverse: CQs, completion channels, PDs, contexts, the event channel.
         let channels = [channel];
@@ -499,7 +501,27 @@ async fn run_in_task(
         shard::serve(env, rx, peer_rx).await;
         removal.opened(&names);
     }
-    // After a removal, waiting for librdmacm to let go of the device blocks: not on the
-    // application's worker thread.
-    let _ = tokio::task::spawn_blocking(move || removal::let_go(&removal)).await;
+}
+
+/// Step 3 of a removal ([`removal::let_go`]) for an in-task runtime, once everything of it is
+/// dropped: also when the application's runtime drops the task midway, so that a retirement
+/// never stays counted (which would keep every new runtime from starting). After a removal
+/// the wait for librdmacm blocks, so it runs on a thread of its own, not on the application's.
+struct LetGo(Arc<removal::Removal>);
+
+impl Drop for LetGo {
+    fn drop(&mut self) {
+        let removal = self.0.clone();
+        if !removal.is_retired() {
+            return removal::let_go(&removal);
+        }
+        let spawned = std::thread::Builder::new()
+            .name("evchan-let-go".into())
+            .spawn(move || removal::let_go(&removal));
+        if let Err(e) = spawned {
+            tracing::error!(
+                "evchan: cannot start the thread that lets go of a removed device: {e}"
+            );
+        }
+    }
 }
