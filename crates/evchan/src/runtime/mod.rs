@@ -519,9 +519,9 @@ impl Drop for LetGo {
             .name("evchan-let-go".into())
             .spawn(move || removal::let_go(&removal));
         if let Err(e) = spawned {
-            tracing::error!(
-                "evchan: cannot start the thread that lets go of a removed device: {e}"
-            );
+            // Rather block this thread than keep every new runtime from starting.
+            tracing::error!("evchan: no thread to let go of a removed device ({e}); waiting here");
+            removal::let_go(&self.0);
         }
     }
 }
