@@ -205,8 +205,9 @@ impl Config {
     /// a shard of their own. When that runtime shuts down, the shard is dropped with it:
     /// everything of its connections and listeners is released, and their handles fail with
     /// [`Lost::Shutdown`](crate::Lost::Shutdown). With [`busy_poll`](Self::busy_poll), see
-    /// there. A removed device is seen only through rdma_cm's `DEVICE_REMOVAL` event here,
-    /// not through the device's verbs node (see `docs/RELIABILITY.md`). Off by default.
+    /// there. A removed device is seen through rdma_cm's `DEVICE_REMOVAL` event, or when a
+    /// thread-driven runtime of the process sees it, not through a watch of the device's verbs
+    /// node of its own (see `docs/RELIABILITY.md`). Off by default.
     ///
     /// ```
     /// # async fn f() -> Result<(), evchan::Error> {

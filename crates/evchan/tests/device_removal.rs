@@ -354,6 +354,32 @@ async fn child() {
             }
         }
     });
+    // An in-task listener and connection (`Config::in_task`: their shards are tasks of this
+    // runtime, without the runtime thread's watch of the device node): the removal that the
+    // shard threads' runtime sees retires them too.
+    let in_task = Config::new().in_task(true);
+    let t_listener = step("bind in-task", Listener::bind(v4(port(3)), in_task.clone()))
+        .await
+        .unwrap();
+    let t_addr = t_listener.local_addr();
+    let t_connect = tokio::spawn(Connection::builder().config(in_task).connect(t_addr));
+    let t_incoming = step("accept in-task", t_listener.accept()).await.unwrap();
+    let mut t_server = step("accept in-task", t_incoming.accept(&[]))
+        .await
+        .unwrap();
+    let mut t_client = step("connect in-task", t_connect).await.unwrap().unwrap();
+    t_client.send("in-task").await.unwrap();
+    assert_eq!(
+        step("recv in-task", t_server.recv())
+            .await
+            .unwrap()
+            .unwrap(),
+        "in-task"
+    );
+    let receiving_in_task = tokio::spawn(async move {
+        let r = t_client.recv().await;
+        (r, t_client)
+    });
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert!(!sending.is_finished(), "the sender is blocked on credits");
     assert!(!accepting.is_finished() && !receiving_server.is_finished());
@@ -380,15 +406,25 @@ async fn child() {
         matches!(e, Error::ConnectionLost(Lost::DeviceRemoved)),
         "send after {sent} messages: {e:?}"
     );
+    let (r, t_client) = step("pending in-task recv", receiving_in_task)
+        .await
+        .unwrap();
+    assert!(removed(&r), "in-task recv: {r:?}");
     let answered = start.elapsed();
     let (status, done) = step("rdma link delete", deleted).await.unwrap();
     assert!(status.success(), "rdma link delete {DEVICE}: {status}");
     let delete_took = done - start;
     assert!(!exists(DEVICE));
     eprintln!(
-        "rdma link delete {DEVICE} with 1 listener and 3 connections (6 ids): pending \
-         operations answered after {answered:?}, the command completed after {delete_took:?}"
+        "rdma link delete {DEVICE} with 2 listeners and 4 connections (10 ids; one listener \
+         and one connection in-task): pending operations answered after {answered:?}, the \
+         command completed after {delete_took:?}"
     );
+    let r = t_server.send("after").await;
+    assert!(removed(&r), "send on the in-task server: {r:?}");
+    let r = t_listener.accept().await.map(|_| ());
+    assert!(removed(&r), "in-task accept again: {r:?}");
+    drop((t_client, t_server, t_listener));
 
     // Everything else of the old runtime fails with the same cause, and closes at once.
     let r = c1.send("after").await;
