@@ -310,12 +310,17 @@ impl SendHalf {
         if self.shut {
             return Err(Error::ConnectionLost(Lost::Closed));
         }
-        let permit = self
-            .shared
-            .permits
-            .acquire()
-            .await
-            .map_err(|_| self.shared.send_error())?;
+        // A free permit is taken without the future and its waiter list (the common case).
+        let permit = match self.shared.permits.try_acquire() {
+            Ok(permit) => permit,
+            Err(tokio::sync::TryAcquireError::Closed) => return Err(self.shared.send_error()),
+            Err(tokio::sync::TryAcquireError::NoPermits) => self
+                .shared
+                .permits
+                .acquire()
+                .await
+                .map_err(|_| self.shared.send_error())?,
+        };
         permit.forget();
         self.queue(data)
     }
