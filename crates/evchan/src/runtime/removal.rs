@@ -94,20 +94,24 @@ pub(super) fn retiring() -> bool {
 impl Runtime {
     /// A shard saw `DEVICE_REMOVAL` (of `device`, when it knows which): every runtime of the
     /// process retires, and each of their shards is told.
+    ///
+    /// Every runtime is marked retired before any shard is told: a shard that fails its
+    /// connections then cannot disconnect a peer of another runtime of this process that does
+    /// not know yet (that one would report `Disconnected` instead of the removal).
     pub(super) fn device_removed(&self, device: Option<&str>) {
-        if self.removal.retire(device) {
-            self.tell_shards();
-        }
+        let mine = self.removal.retire(device);
         let others: Vec<Arc<Runtime>> = RUNTIMES
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .drain(..)
             .filter_map(|(_, w)| w.upgrade())
+            .filter(|rt| rt.removal.retire(None))
             .collect();
+        if mine {
+            self.tell_shards();
+        }
         for rt in others {
-            if rt.removal.retire(None) {
-                rt.tell_shards();
-            }
+            rt.tell_shards();
         }
     }
 

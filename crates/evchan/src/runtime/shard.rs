@@ -988,7 +988,9 @@ impl<'s, 'c> Shard<'s, 'c> {
         };
         c.disconnected = true;
         c.id.disconnect();
-        let lost = if removed {
+        // A peer in another retiring runtime of this process may disconnect before this
+        // shard is told: the cause is still the removal.
+        let lost = if removed || self.env.removal.is_retired() {
             Some(Lost::DeviceRemoved)
         } else if c.closing || c.credits.as_ref().is_none_or(Credits::fin_received) {
             None
@@ -1388,6 +1390,14 @@ impl<'s, 'c> Shard<'s, 'c> {
     /// Ends a connection abnormally: the receive half gets `why`, sends fail, the id is
     /// disconnected and goes once its work requests are flushed.
     fn lose(&mut self, conn: ConnId, why: Lost) {
+        // Whatever ends a connection once the runtime retired (a peer of another retiring
+        // runtime of this process that went first, the flushes of its QP), the cause is the
+        // removal.
+        let why = if self.env.removal.is_retired() {
+            Lost::DeviceRemoved
+        } else {
+            why
+        };
         let Some(c) = self.conns.get_mut(&conn) else {
             return;
         };
