@@ -240,6 +240,17 @@ impl Bystander {
 }
 
 /// A fresh well-behaved client connects and exchanges 3 messages.
+/// The end of an attack on one connection, whose hostile side is gone: the bystander still
+/// exchanges, the hostile connection's QP is released (the bystander's two remain), a fresh
+/// client is served; then the bystander finishes and the server stops.
+async fn served_on(server: Server, bystander: Bystander, addr: SocketAddr) {
+    bystander.still_exchanging("after the attack").await;
+    qps_settle_to(2, "the hostile connection released").await;
+    fresh_client_served(addr).await;
+    bystander.finish().await;
+    server.task.abort();
+}
+
 async fn fresh_client_served(addr: SocketAddr) {
     let mut conn = good_client(addr).await;
     for i in 0..3 {
@@ -759,11 +770,7 @@ async fn credit_counts_going_backwards() {
     );
     step("the hostile peer", peer).await.unwrap();
     drop(conn);
-    bystander.still_exchanging("after the attack").await;
-    qps_settle_to(2, "the hostile connection released").await;
-    fresh_client_served(addr).await;
-    bystander.finish().await;
-    server.task.abort();
+    served_on(server, bystander, addr).await;
 }
 
 /// `FIN`, then data: the receive half has already ended cleanly (`None`), so the violation
@@ -794,11 +801,7 @@ async fn data_after_fin() {
     .await;
     assert_eq!(protocol_error(&e), &ProtocolError::AfterFin);
     drop(conn);
-    bystander.still_exchanging("after the attack").await;
-    qps_settle_to(2, "the hostile connection released").await;
-    fresh_client_served(addr).await;
-    bystander.finish().await;
-    server.task.abort();
+    served_on(server, bystander, addr).await;
 }
 
 // -------------------------------------------------------------------------------------------
