@@ -1144,16 +1144,21 @@ impl<'s, 'c> Shard<'s, 'c> {
     // Completions
     // ---------------------------------------------------------------------------------------
 
-    /// Reads the completion channel of device `d` empty. Its one CQ notifies once per arm,
-    /// and the shard arms it again only after the event of the last arm was read (`armed`
-    /// stays set until then): so there is at most one event to read, and the read that would
-    /// find the channel empty (a `poll` more per wake-up) is not made.
+    /// Reads the completion channel of device `d` until it is empty (`EAGAIN`), before its
+    /// readiness is cleared: an edge is never lost. (Its one CQ notifies once per arm, so
+    /// there is one event in the common case; the last read, which finds the channel empty,
+    /// costs a `poll`, and is kept rather than trusting that count.)
     fn drain_cq_events(&mut self, d: usize) {
         let cq = &self.env.cqs[d];
-        match self.env.comps[d].try_get_cq_event(&[cq]) {
-            Ok(Some(event)) => event.ack(), // counted; acked in batches by the CQ
-            Ok(None) => {}
-            Err(e) => tracing::error!("ibv_get_cq_event: {e}"),
+        loop {
+            match self.env.comps[d].try_get_cq_event(&[cq]) {
+                Ok(Some(event)) => event.ack(), // counted; acked in batches by the CQ
+                Ok(None) => break,
+                Err(e) => {
+                    tracing::error!("ibv_get_cq_event: {e}");
+                    break;
+                }
+            }
         }
     }
 
