@@ -86,9 +86,7 @@ fn ops(figure: &str, variant: &str, n: u64) {
         }
         ("resolve_addr", "async") => {
             let rt = support::runtime();
-            let readable = rt
-                .block_on(async { Readable::new(channel.as_fd()) })
-                .expect("AsyncFd");
+            let readable = rt.block_on(async { channel.readable() }).expect("AsyncFd");
             // The runtime's own work between polls is counted too: one block_on, measured.
             support::evchan_measured(1, || {
                 rt.block_on(async {
@@ -210,9 +208,7 @@ fn resolve_addr(c: &mut Criterion) {
     });
 
     let rt = support::runtime();
-    let readable = rt
-        .block_on(async { Readable::new(channel.as_fd()) })
-        .expect("AsyncFd");
+    let readable = rt.block_on(async { channel.readable() }).expect("AsyncFd");
     group.bench_function("async", |b| {
         b.iter_custom(|iters| {
             rt.block_on(async {

@@ -96,7 +96,7 @@ fn main() {
     });
     let rt = support::runtime();
     let readable = rt
-        .block_on(async { Readable::new(safe.channel.fd()) })
+        .block_on(async { safe.channel.readable() })
         .expect("AsyncFd");
     group.bench_function("async", |b| {
         b.iter_custom(|iters| {
@@ -137,7 +137,7 @@ fn ops(figure: &str, variant: &str, n: u64, safe: &Safe<'_>, raw: &mut Raw) {
         ("send_completion", "async") => {
             let rt = support::runtime();
             let readable = rt
-                .block_on(async { Readable::new(safe.channel.fd()) })
+                .block_on(async { safe.channel.readable() })
                 .expect("AsyncFd");
             // The runtime's own work between polls is counted too: one block_on, measured.
             support::evchan_measured(1, || {

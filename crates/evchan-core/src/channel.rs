@@ -30,19 +30,20 @@ use crate::ffi::cm::RawChannel;
 ///
 /// Events are read blocking ([`get_event`](Self::get_event)), without blocking
 /// ([`try_get_event`](Self::try_get_event)) or with a timeout
-/// ([`get_event_timeout`](Self::get_event_timeout)). The descriptor ([`AsFd`]) can be polled
-/// with `poll`/`epoll`; readiness is edge-like in practice, so after a wake-up read until
-/// `Ok(None)`.
+/// ([`get_event_timeout`](Self::get_event_timeout)). The descriptor that [`AsFd`] gives can be
+/// polled with `poll`/`epoll` or registered with a reactor; readiness is edge-like in practice,
+/// so after a wake-up read until `Ok(None)`. With tokio, [`readable`](Self::readable) registers
+/// the channel directly.
 ///
 /// No read waits inside `rdma_get_cm_event` for an event to come; the waiting reads wait in
 /// `poll`. (librdmacm modifies an id's QP inside that call, so an id's drop on another thread
-/// waits for the readers inside it; that wait must be short.) This holds whatever the flags of
-/// the descriptor's open file: the channel sets `O_NONBLOCK`, but a dup of the descriptor (from
-/// [`AsFd`]) shares the file, and safe code may clear the flag through it. So the channel's
-/// reads are serialised, each made only once a zero-timeout `poll` says an event is queued and
-/// with `O_NONBLOCK` set again just before it. What it cannot cover: a reader outside evchan
-/// that takes the event through a dup between that poll and the read (the read, and a drop
-/// waiting for it, then wait for the next event, as in C).
+/// waits for the readers inside it; that wait must be short.) This holds whatever is done with
+/// the descriptor [`AsFd`] gives, because that descriptor is not the channel's own: it is a
+/// readiness proxy (an epoll instance watching the channel's descriptor, readable exactly when
+/// an event is queued). The channel's own descriptor is `O_NONBLOCK` from creation and never
+/// leaves evchan, so a dup of the proxy can change only the proxy's flags, and cannot read
+/// events (a read on it fails with `EINVAL`). Each read is therefore one `rdma_get_cm_event`
+/// that returns an event or `EAGAIN`, as in C on a non-blocking channel.
 ///
 /// The channel is `Send` and `Sync`: several threads may read one channel, each event going to
 /// exactly one of them; a reader that loses an event to another reads `Ok(None)` or waits on.
@@ -84,7 +85,8 @@ impl fmt::Debug for EventChannel {
 }
 
 impl EventChannel {
-    /// `rdma_create_event_channel`: opens a channel (its descriptor `O_NONBLOCK`).
+    /// `rdma_create_event_channel`: opens a channel (its descriptor `O_NONBLOCK`), and its
+    /// readiness proxy (`epoll_create1` + `epoll_ctl`; see the type's docs).
     ///
     /// # Errors
     /// [`Error::NoDevice`] when the machine has no RDMA device (`ENODEV`); its message says how
@@ -115,8 +117,9 @@ impl EventChannel {
     /// descriptor. [`try_get_event`](Self::try_get_event) and
     /// [`get_event_timeout`](Self::get_event_timeout) behave the same in both modes.
     ///
-    /// The descriptor itself stays `O_NONBLOCK` in both modes, and no read waits inside
-    /// `rdma_get_cm_event` even when the flag is cleared through a dup (see the type's docs).
+    /// The channel's own descriptor stays `O_NONBLOCK` in both modes, and no read waits inside
+    /// `rdma_get_cm_event` whatever is done with the descriptor [`AsFd`] gives (see the type's
+    /// docs).
     ///
     /// # Errors
     /// None today; the signature keeps room for the `fcntl` it stands for.
@@ -141,7 +144,7 @@ impl EventChannel {
     }
 
     fn poll(&self, timeout: Option<Duration>) -> Result<bool> {
-        sysfd::poll_readable(self.as_fd(), timeout).map_err(|e| Error::os("poll", e))
+        sysfd::poll_readable(self.raw.fd(), timeout).map_err(|e| Error::os("poll", e))
     }
 
     /// `rdma_get_cm_event`: waits (in `poll`) for the next event; in non-blocking mode
@@ -205,14 +208,35 @@ impl EventChannel {
     }
 }
 
+/// The channel's readiness proxy (see the type's docs): readable exactly while an event is
+/// queued; it cannot read events itself, and changing its flags changes nothing of the
+/// channel's.
 impl AsFd for EventChannel {
     fn as_fd(&self) -> BorrowedFd<'_> {
-        self.raw.fd()
+        self.raw.proxy()
     }
 }
 
+/// The number of the descriptor [`AsFd`] gives (the readiness proxy).
 impl AsRawFd for EventChannel {
     fn as_raw_fd(&self) -> RawFd {
-        self.raw.fd().as_raw_fd()
+        self.raw.proxy().as_raw_fd()
+    }
+}
+
+#[cfg(feature = "tokio")]
+impl EventChannel {
+    /// Registers the channel with the current tokio runtime's reactor (readable interest): the
+    /// channel's own descriptor, not the proxy [`AsFd`] gives, so a wake-up goes through one
+    /// epoll instance instead of two. After a wake-up, read until `Ok(None)`, then clear the
+    /// guard's readiness (see [`Readable`](crate::Readable)).
+    ///
+    /// # Errors
+    /// The reactor's registration error.
+    ///
+    /// # Panics
+    /// Outside a tokio runtime with I/O enabled (as tokio's `AsyncFd`).
+    pub fn readable(&self) -> std::io::Result<crate::Readable<'_>> {
+        crate::Readable::new(self.raw.fd())
     }
 }

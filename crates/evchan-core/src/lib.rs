@@ -60,7 +60,7 @@ pub use cm::Event as CmEvent;
 pub use cm::Id as CmId;
 pub use error::{Error, NoDevice, PrivateDataTooLong, Result, UnexpectedEvent};
 #[cfg(feature = "tokio")]
-pub use readiness::{FdNumber, Readable};
+pub use readiness::{Readable, ReadyGuard};
 
 /// The index of network interface `name` (`if_nametoindex(3)`), e.g. the scope id of an IPv6
 /// link-local address on it; `None` when there is no such interface.

@@ -7,23 +7,23 @@ use std::task::{Context, Poll};
 use tokio::io::unix::AsyncFdReadyGuard;
 use tokio::io::Interest;
 
-pub use crate::ffi::tokio_fd::FdNumber;
-use crate::ffi::tokio_fd::Registered;
+use crate::ffi::tokio_fd::{FdNumber, Registered};
 
-/// A descriptor of this crate ([`EventChannel`](crate::EventChannel),
-/// [`CompChannel::fd`](crate::verbs::CompChannel::fd), a context's async fd) registered with
-/// the current tokio runtime for readable interest, borrowing the descriptor so that its owner
-/// outlives the registration.
+/// A descriptor registered with the current tokio runtime for readable interest, borrowing the
+/// descriptor so that its owner outlives the registration: any descriptor
+/// ([`Readable::new`]), or a channel's own
+/// ([`EventChannel::readable`](crate::EventChannel::readable),
+/// [`CompChannel::readable`](crate::verbs::CompChannel::readable)), which gives no way back to
+/// the descriptor (the guards expose nothing but [`ReadyGuard::clear_ready`]).
 ///
 /// The descriptors are edge-like: after a wake-up, read until `EAGAIN` (`Ok(None)`), then
-/// [`clear_ready`](AsyncFdReadyGuard::clear_ready) the guard — readiness seen before the guard
-/// is all it clears, so "drain, then clear" loses no wake-up.
+/// [`clear_ready`](ReadyGuard::clear_ready) the guard — readiness seen before the guard is all
+/// it clears, so "drain, then clear" loses no wake-up.
 ///
 /// ```no_run
 /// # async fn f() -> Result<(), Box<dyn std::error::Error>> {
-/// use std::os::fd::AsFd;
 /// let channel = evchan_core::EventChannel::new()?;
-/// let readable = evchan_core::Readable::new(channel.as_fd())?;
+/// let readable = channel.readable()?;
 /// let mut guard = readable.ready().await?;
 /// while let Some(event) = channel.try_get_event()? {
 ///     println!("{}", event.kind());
@@ -55,18 +55,29 @@ impl<'fd> Readable<'fd> {
     ///
     /// # Errors
     /// The reactor's error.
-    pub async fn ready(&self) -> io::Result<AsyncFdReadyGuard<'_, FdNumber>> {
-        self.inner.fd.readable().await
+    pub async fn ready(&self) -> io::Result<ReadyGuard<'_>> {
+        self.inner.fd.readable().await.map(ReadyGuard)
     }
 
     /// Polls for readability.
     ///
     /// # Errors
     /// The reactor's error.
-    pub fn poll_ready(
-        &self,
-        cx: &mut Context<'_>,
-    ) -> Poll<io::Result<AsyncFdReadyGuard<'_, FdNumber>>> {
-        self.inner.fd.poll_read_ready(cx)
+    pub fn poll_ready(&self, cx: &mut Context<'_>) -> Poll<io::Result<ReadyGuard<'_>>> {
+        self.inner.fd.poll_read_ready(cx).map_ok(ReadyGuard)
+    }
+}
+
+/// The readiness a [`Readable`] saw (tokio's guard, sealed: it does not hand out the
+/// descriptor). Dropping it keeps the readiness; [`clear_ready`](Self::clear_ready) clears it.
+#[derive(Debug)]
+#[must_use = "dropping the guard keeps the readiness; clear it once drained"]
+pub struct ReadyGuard<'a>(AsyncFdReadyGuard<'a, FdNumber>);
+
+impl ReadyGuard<'_> {
+    /// Clears the readiness this guard saw (tokio's `clear_ready`): call it once the
+    /// descriptor was read until `EAGAIN`. Readiness that came after the guard is kept.
+    pub fn clear_ready(&mut self) {
+        self.0.clear_ready();
     }
 }

@@ -1,6 +1,7 @@
 //! Device tests of what a hostile reading of evchan-core found (issue 7): waits that stay
-//! bounded when safe code clears `O_NONBLOCK` on a channel's shared file through a dup of its
-//! descriptor, a foreign PD's memory region refused by the owned posts, a listening id that
+//! bounded when safe code clears `O_NONBLOCK` through a dup of a channel's descriptor (the
+//! readiness proxy the channels hand out, through which no event can be read either), a
+//! foreign PD's memory region refused by the owned posts, a listening id that
 //! cannot be migrated away from a queued `CONNECT_REQUEST`, and a server that makes its PD and
 //! CQs before it listens and accepts on them.
 //!
@@ -10,7 +11,7 @@
 mod support;
 
 use std::net::SocketAddr;
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, AsRawFd};
 use std::time::{Duration, Instant};
 
 use evchan_core::cm::{ConnParam, EventKind, PortSpace};
@@ -119,6 +120,64 @@ fn cq_event_reads_are_bounded_on_a_comp_channel_made_blocking() {
             .unwrap()
     });
     assert_eq!(n, 0);
+}
+
+/// Reads one byte through a dup of `fd`, as safe code can (`File` from the dup): what the
+/// channels hand out is a readiness proxy, which refuses reads (`EINVAL`).
+fn read_through_a_dup(fd: std::os::fd::BorrowedFd<'_>) -> std::io::Error {
+    use std::io::Read;
+    let dup = fd.try_clone_to_owned().expect("dup");
+    std::fs::File::from(dup)
+        .read(&mut [0u8; 64])
+        .expect_err("a read through the handed-out descriptor")
+}
+
+#[test]
+fn the_cm_descriptor_handed_out_can_neither_take_events_nor_make_reads_wait() {
+    require_device!();
+    let channel = EventChannel::new().unwrap();
+    let id = CmId::new(&channel, PortSpace::Tcp)
+        .unwrap()
+        .resolve_addr(None, v4(port(7)), RESOLVE_TIMEOUT)
+        .unwrap();
+    assert!(
+        evchan_sys::fd::poll_readable(channel.as_fd(), Some(EVENT_TIMEOUT)).unwrap(),
+        "the proxy reports the queued ADDR_RESOLVED"
+    );
+    clear_nonblocking_through_a_dup(channel.as_fd());
+    let err = read_through_a_dup(channel.as_fd());
+    assert_eq!(err.raw_os_error(), Some(libc::EINVAL), "{err}");
+    // The event is still the channel's, and the channel's reads still never wait.
+    let ev = within(PROMPT, "try_get_event of the queued event", || {
+        channel.try_get_event().unwrap()
+    })
+    .expect("the event was not taken through the dup");
+    let id = id.addr_resolved(&ev).unwrap();
+    ev.ack();
+    let empty = within(PROMPT, "try_get_event on an empty channel", || {
+        channel.try_get_event().unwrap().is_none()
+    });
+    assert!(empty);
+    drop(id);
+}
+
+#[test]
+fn the_comp_descriptor_handed_out_cannot_read_events() {
+    require_device!();
+    let ctx = open_device();
+    let comp = CompChannel::new(&ctx).unwrap();
+    let cq = Cq::new(&comp, 16).unwrap();
+    let err = read_through_a_dup(comp.fd());
+    assert_eq!(err.raw_os_error(), Some(libc::EINVAL), "{err}");
+    assert_eq!(
+        comp.fd().as_raw_fd(),
+        comp.as_fd().as_raw_fd(),
+        "fd() and AsFd give the same proxy"
+    );
+    let none = within(PROMPT, "try_get_cq_event", || {
+        comp.try_get_cq_event(&[&cq]).unwrap().is_none()
+    });
+    assert!(none);
 }
 
 #[test]

@@ -1,11 +1,12 @@
-//! Raw file-descriptor helpers: `O_NONBLOCK`, `poll(2)` with a timeout, `EINTR` retry.
+//! Raw file-descriptor helpers: `O_NONBLOCK`, `poll(2)` with a timeout, `EINTR` retry, and a
+//! readiness proxy (an epoll instance that watches one descriptor).
 //!
 //! Both event channels are plain file descriptors (`rdma_event_channel::fd`,
 //! `ibv_comp_channel::fd`). These helpers work on any [`BorrowedFd`] and are safe: the borrow
 //! guarantees the descriptor is open for the duration of the call.
 
 use std::io;
-use std::os::fd::{AsRawFd, BorrowedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::time::{Duration, Instant};
 
 use crate::cvt;
@@ -40,6 +41,41 @@ pub fn set_nonblocking(fd: BorrowedFd<'_>, nonblocking: bool) -> io::Result<()> 
         cvt(unsafe { libc::fcntl(raw, libc::F_SETFL, new) })?;
     }
     Ok(())
+}
+
+/// A readiness proxy for `fd`: a new epoll instance (`epoll_create1(EPOLL_CLOEXEC)`, then
+/// `O_NONBLOCK` on it) with `fd` registered for `EPOLLIN`, level-triggered.
+///
+/// The proxy is readable (`poll`, `epoll`, an async reactor) exactly while `fd` is, but it is
+/// a different open file: a dup of the proxy shares only the proxy's flags, and reading or
+/// writing it fails (`EINVAL`), so whoever holds only the proxy can wait for `fd` but can
+/// neither read it nor change its flags. The registration ends by itself when `fd`'s file is
+/// closed.
+///
+/// # Errors
+/// The `epoll_create1`, `fcntl` or `epoll_ctl` error (e.g. `EPERM` for a descriptor that
+/// cannot be polled).
+pub fn readiness_proxy(fd: BorrowedFd<'_>) -> io::Result<OwnedFd> {
+    // SAFETY: plain syscall; the flag is valid.
+    let ep = cvt(unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) })?;
+    // SAFETY: `ep` is a descriptor we just opened and own; nothing else closes it.
+    let ep = unsafe { OwnedFd::from_raw_fd(ep) };
+    set_nonblocking(ep.as_fd(), true)?;
+    let mut interest = libc::epoll_event {
+        events: libc::EPOLLIN as u32,
+        u64: 0,
+    };
+    // SAFETY: both descriptors are open for the call (`ep` owned, `fd` borrowed) and
+    // `interest` is a valid, initialised event.
+    cvt(unsafe {
+        libc::epoll_ctl(
+            ep.as_raw_fd(),
+            libc::EPOLL_CTL_ADD,
+            fd.as_raw_fd(),
+            &mut interest,
+        )
+    })?;
+    Ok(ep)
 }
 
 /// Waits until `fd` is readable, or the timeout passes (`poll(2)` on `POLLIN`).
@@ -116,8 +152,7 @@ pub fn retry_eintr<T>(mut f: impl FnMut() -> io::Result<T>) -> io::Result<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::io::Write;
-    use std::os::fd::AsFd;
+    use std::io::{Read, Write};
     use std::os::unix::net::UnixStream;
 
     #[test]
@@ -151,6 +186,29 @@ mod tests {
         let (a, b) = UnixStream::pair().unwrap();
         drop(b);
         assert!(poll_readable(a.as_fd(), Some(Duration::from_millis(10))).unwrap());
+    }
+
+    #[test]
+    fn proxy_follows_readiness_and_shields_the_file() {
+        let (a, mut b) = UnixStream::pair().unwrap();
+        set_nonblocking(a.as_fd(), true).unwrap();
+        let proxy = readiness_proxy(a.as_fd()).unwrap();
+        assert!(is_nonblocking(proxy.as_fd()).unwrap());
+        assert!(!poll_readable(proxy.as_fd(), Some(Duration::ZERO)).unwrap());
+        b.write_all(b"x").unwrap();
+        assert!(poll_readable(proxy.as_fd(), Some(Duration::ZERO)).unwrap());
+        // A dup of the proxy changes the proxy's flags, never those of `a`'s file.
+        let dup = proxy.try_clone().unwrap();
+        set_nonblocking(dup.as_fd(), false).unwrap();
+        assert!(!is_nonblocking(proxy.as_fd()).unwrap());
+        assert!(is_nonblocking(a.as_fd()).unwrap());
+        // The proxy cannot read `a`'s data.
+        let err = std::fs::File::from(dup).read(&mut [0u8; 1]).unwrap_err();
+        assert_eq!(err.raw_os_error(), Some(libc::EINVAL));
+        let mut got = [0u8; 1];
+        (&a).read_exact(&mut got).unwrap();
+        assert_eq!(&got, b"x");
+        assert!(!poll_readable(proxy.as_fd(), Some(Duration::ZERO)).unwrap());
     }
 
     #[test]

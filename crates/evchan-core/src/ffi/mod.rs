@@ -38,33 +38,3 @@ pub mod fuzzing;
 #[cfg(feature = "tokio")]
 pub(crate) mod tokio_fd;
 pub(crate) mod verbs;
-
-use std::io;
-use std::os::fd::{AsRawFd, BorrowedFd};
-
-/// Whether `fd` is readable now: `poll(2)` with a zero timeout, `EINTR` retried.
-///
-/// The fast path of every read of a channel (each read is made only once this says an event
-/// is queued). Unlike `evchan_sys::fd::poll_readable(fd, Some(Duration::ZERO))` it reads no
-/// clock (that one computes a deadline: two `clock_gettime` per call; see
-/// docs/BENCHMARKS.md for what the profile of an empty read showed).
-#[inline]
-pub(crate) fn readable_now(fd: BorrowedFd<'_>) -> io::Result<bool> {
-    let mut pfd = libc::pollfd {
-        fd: fd.as_raw_fd(),
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    loop {
-        // SAFETY: `pfd` is one valid, initialised pollfd and the count is 1; a zero timeout
-        // never waits.
-        let n = unsafe { libc::poll(&mut pfd, 1, 0) };
-        if n >= 0 {
-            return Ok(n > 0);
-        }
-        let err = io::Error::last_os_error();
-        if err.kind() != io::ErrorKind::Interrupted {
-            return Err(err);
-        }
-    }
-}

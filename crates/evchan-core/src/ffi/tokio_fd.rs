@@ -12,10 +12,11 @@ use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
 use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
 
-/// The registered descriptor's number, as tokio's guards expose it; it has no public
-/// constructor.
+/// The registered descriptor's number, inside tokio's `AsyncFd`; never handed out (tokio's
+/// guards would turn it back into a `BorrowedFd`, and a channel's own descriptor must not leave
+/// the crate: `ffi::cm`'s module docs).
 #[derive(Debug)]
-pub struct FdNumber(RawFd);
+pub(crate) struct FdNumber(RawFd);
 
 impl AsRawFd for FdNumber {
     fn as_raw_fd(&self) -> RawFd {

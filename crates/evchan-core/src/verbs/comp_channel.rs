@@ -25,12 +25,12 @@ use super::{Context, Cq, CqEvent, CqId, Error, Result, WorkCompletion};
 ///
 /// The channel is `Send` and `Sync`: several threads may read it (each event goes to one).
 ///
-/// No read waits inside `ibv_get_cq_event` for an event to come, whatever the flags of the
-/// fd's open file: a dup of the fd (from [`AsFd`]) shares the file, and safe code may clear
-/// `O_NONBLOCK` through it, so reads are serialised and each is made only once a zero-timeout
-/// `poll` says an event is queued. The timed and non-blocking reads are bounded as documented
-/// unless a reader outside evchan takes the event through a dup between that poll and the read
-/// (the read then waits for the next event).
+/// No read waits inside `ibv_get_cq_event` for an event to come, whatever is done with the
+/// descriptor [`fd`](Self::fd) and [`AsFd`] give: that descriptor is not the channel's own but
+/// a readiness proxy (an epoll instance watching it, readable exactly while an event is
+/// queued). The channel's own descriptor is `O_NONBLOCK` from creation and never leaves evchan,
+/// so a dup of the proxy changes only the proxy's flags and cannot read events (`EINVAL`).
+/// With tokio, [`readable`](Self::readable) registers the channel's own descriptor directly.
 ///
 /// # Example
 ///
@@ -63,10 +63,11 @@ pub struct CompChannel<'ctx> {
 }
 
 impl<'ctx> CompChannel<'ctx> {
-    /// `ibv_create_comp_channel`, then `O_NONBLOCK` on its fd.
+    /// `ibv_create_comp_channel`, then `O_NONBLOCK` on its fd and the fd's readiness proxy
+    /// (`epoll_create1` + `epoll_ctl`; see the type's docs).
     ///
     /// # Errors
-    /// [`Error::Io`] with the `ibv_create_comp_channel` (or `fcntl`) error.
+    /// [`Error::Io`] with the `ibv_create_comp_channel` (or `fcntl`, `epoll`) error.
     #[doc(alias = "ibv_create_comp_channel")]
     pub fn new(ctx: &'ctx Context) -> Result<Self> {
         Ok(CompChannel {
@@ -110,7 +111,7 @@ impl<'ctx> CompChannel<'ctx> {
             if let Some(ev) = self.try_get_cq_event(cqs)? {
                 return Ok(ev);
             }
-            poll_readable(self.fd(), None).map_err(Error::io("poll"))?;
+            poll_readable(self.raw.fd(), None).map_err(Error::io("poll"))?;
         }
     }
 
@@ -131,7 +132,7 @@ impl<'ctx> CompChannel<'ctx> {
                 return Ok(Some(ev));
             }
             let left = time_left(deadline);
-            if !poll_readable(self.fd(), left).map_err(Error::io("poll"))? {
+            if !poll_readable(self.raw.fd(), left).map_err(Error::io("poll"))? {
                 return Ok(None);
             }
         }
@@ -182,7 +183,7 @@ impl<'ctx> CompChannel<'ctx> {
                 return Ok(n);
             }
             let left = time_left(deadline);
-            if !poll_readable(self.fd(), left).map_err(Error::io("poll"))? {
+            if !poll_readable(self.raw.fd(), left).map_err(Error::io("poll"))? {
                 return Ok(0);
             }
             while let Some(ack) = self
@@ -222,10 +223,26 @@ impl<'ctx> CompChannel<'ctx> {
         self.raw.events_read()
     }
 
-    /// The channel's file descriptor (`ibv_comp_channel::fd`), non-blocking.
+    /// The channel's readiness proxy (see the type's docs): readable exactly while an event is
+    /// queued; the same descriptor as [`AsFd`] gives. (Not `ibv_comp_channel::fd` itself.)
     #[must_use]
     pub fn fd(&self) -> BorrowedFd<'_> {
-        self.raw.fd()
+        self.raw.proxy()
+    }
+
+    /// Registers the channel with the current tokio runtime's reactor (readable interest): the
+    /// channel's own descriptor, not the proxy [`fd`](Self::fd) gives, so a wake-up goes through
+    /// one epoll instance instead of two. After a wake-up, read until `Ok(None)`, then clear
+    /// the guard's readiness (see [`Readable`](crate::Readable)).
+    ///
+    /// # Errors
+    /// The reactor's registration error.
+    ///
+    /// # Panics
+    /// Outside a tokio runtime with I/O enabled (as tokio's `AsyncFd`).
+    #[cfg(feature = "tokio")]
+    pub fn readable(&self) -> std::io::Result<crate::Readable<'_>> {
+        crate::Readable::new(self.raw.fd())
     }
 }
 
@@ -255,15 +272,17 @@ fn drain(
     Ok(total)
 }
 
+/// The channel's readiness proxy, as [`CompChannel::fd`].
 impl AsFd for CompChannel<'_> {
     fn as_fd(&self) -> BorrowedFd<'_> {
-        self.raw.fd()
+        self.raw.proxy()
     }
 }
 
+/// The number of the readiness proxy.
 impl AsRawFd for CompChannel<'_> {
     fn as_raw_fd(&self) -> RawFd {
-        self.raw.fd().as_raw_fd()
+        self.raw.proxy().as_raw_fd()
     }
 }
 

@@ -4,7 +4,6 @@
 use std::future::{poll_fn, Future};
 use std::io;
 use std::net::SocketAddr;
-use std::os::fd::AsFd;
 use std::sync::{Arc, Weak};
 use std::task::Poll;
 use std::time::{Duration, Instant};
@@ -17,8 +16,7 @@ use evchan_core::cm::{ConnParam, EventKind, IdKey, PortSpace, Status};
 use evchan_core::verbs::{
     CompChannel, Cq, Pd, PostedSlot, QpInit, Slot, SlotPool, WcStatus, WorkCompletion,
 };
-use evchan_core::{CmEvent, CmId, EventChannel, FdNumber, Readable};
-use tokio::io::unix::AsyncFdReadyGuard;
+use evchan_core::{CmEvent, CmId, EventChannel, ReadyGuard};
 
 use super::conn::{with_id, Conn, IdState, Path, Phase};
 use super::half_open::{HalfOpen, HalfOpenLimit};
@@ -148,8 +146,8 @@ impl Drop for Shard<'_, '_> {
 
 /// What woke a shard (see `drive`).
 enum Wake<'f, 's> {
-    Cm(io::Result<AsyncFdReadyGuard<'f, FdNumber>>),
-    Comp(usize, io::Result<AsyncFdReadyGuard<'f, FdNumber>>),
+    Cm(io::Result<ReadyGuard<'f>>),
+    Comp(usize, io::Result<ReadyGuard<'f>>),
     Cmd(Option<Cmd>),
     Migrated(Migrated<'s>),
     SlotBack(ConnId, Slot),
@@ -210,11 +208,11 @@ async fn drive<'s, 'c>(
     let channel = &env.channels[env.index];
     // Registered with this thread's reactor; they borrow the descriptors, which the runtime
     // thread closes only after this shard has returned.
-    let cm_fd = Readable::new(channel.as_fd())?;
+    let cm_fd = channel.readable()?;
     let comp_fds = env
         .comps
         .iter()
-        .map(|c| Readable::new(c.fd()))
+        .map(CompChannel::readable)
         .collect::<io::Result<Vec<_>>>()?;
     let (slots_back, mut slots_rx) = mpsc::unbounded_channel();
     let env_cqs = env.cqs.len();

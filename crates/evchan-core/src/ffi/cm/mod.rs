@@ -41,26 +41,31 @@
 //! from the pending count, whether to act now or defer to the last ack (`id::IdInner::release`).
 //! A reader never waits inside the call for an event to come — waiting is done by `poll` outside
 //! the gate — so a destroy waits at most for readers that are already processing an event,
-//! never for the next event to arrive. That must hold whatever the flags of the channel's open
-//! file are: safe code can dup the descriptor (`AsFd`) and clear `O_NONBLOCK` on the shared
-//! file. So reads on one channel are serialised (a mutex beside the gate), and each one is made
-//! only once `poll` with a zero timeout has said an event is queued, and with `O_NONBLOCK` set
-//! again just before it (for librdmacm's own retries inside the call, after it discards an
-//! event): no other evchan reader can take the event in between, so the read finds it.
+//! never for the next event to arrive. That must hold whatever anyone else does with the
+//! descriptors the channel hands out. So the channel's own descriptor never leaves the crate:
+//! it is set `O_NONBLOCK` once, at creation, and what `AsFd` hands out is a readiness proxy for
+//! it (an epoll instance watching it, `evchan_sys::fd::readiness_proxy`), a different open
+//! file. Safe code can dup the proxy and change the proxy's flags, but it can neither change
+//! the channel file's flags nor read the channel's events through it, so every read here is
+//! one `rdma_get_cm_event` on a non-blocking file: it returns an event or `EAGAIN`, and so do
+//! librdmacm's own retries inside the call (after it discards an event). Reads on one channel
+//! are still serialised (a mutex beside the gate), for the accounting below.
 //!
 //! The serialisation also makes the accounting exact: a `CONNECT_REQUEST`'s new id is adopted
 //! (its `context` re-pointed at its own record) by the reader of the request before the next
 //! read of the channel starts, so no event of the new id can be read before that (see
 //! `id::record_of`).
 //!
-//! What this does not cover: a reader *outside* evchan (through a dup of the descriptor,
-//! writing librdmacm's commands itself) that takes the event between the poll and the read, or
-//! that clears `O_NONBLOCK` again in the moment between it being set and a retry inside
-//! librdmacm; the read then waits for the next event, as in C.
+//! What this does not cover: code that reaches the channel's descriptor by its number (raw,
+//! `unsafe` descriptor calls; `/proc/self/fd` opens a new, separate channel file instead).
+//! Through a dup of the proxy, safe code can register more descriptors with the proxy's epoll
+//! instance, which makes the proxy report readiness the channel does not have: a waiter on the
+//! proxy then reads `EAGAIN` (never a wait); the channel's own waits poll its descriptor, not
+//! the proxy.
 
 use std::ffi::c_int;
 use std::io;
-use std::os::fd::BorrowedFd;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::ptr::{self, NonNull};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 
@@ -86,11 +91,15 @@ pub(crate) mod code {
 /// of the channel.
 pub(crate) type Gate = Arc<RwLock<()>>;
 
-/// An owned `struct rdma_event_channel`, with its fd set `O_NONBLOCK`.
+/// An owned `struct rdma_event_channel`, with its fd set `O_NONBLOCK`, and the readiness proxy
+/// of that fd that the public API hands out (module docs).
 pub(crate) struct RawChannel {
     ptr: NonNull<sys::rdma_event_channel>,
+    /// The kernel ends its registration when the channel's file closes, whichever of the two
+    /// is dropped first.
+    proxy: OwnedFd,
     gate: Gate,
-    /// Serialises the reads (module docs): held from the readiness check until the event is
+    /// Serialises the reads (module docs): held from before the read until the event is
     /// counted and, for a `CONNECT_REQUEST`, its new id adopted.
     reads: Mutex<()>,
 }
@@ -104,27 +113,45 @@ unsafe impl Send for RawChannel {}
 unsafe impl Sync for RawChannel {}
 
 impl RawChannel {
-    /// `rdma_create_event_channel`, and `O_NONBLOCK` on its fd (see the module docs; librdmacm
-    /// honours the flag only for reads of events, never for the commands it writes).
+    /// `rdma_create_event_channel`, `O_NONBLOCK` on its fd (see the module docs; librdmacm
+    /// honours the flag only for reads of events, never for the commands it writes), and the
+    /// fd's readiness proxy.
     pub(crate) fn create() -> io::Result<Self> {
         // SAFETY: no arguments; returns NULL with errno set on failure.
-        let ptr = unsafe { sys::rdma_create_event_channel() };
-        let channel = NonNull::new(ptr)
-            .map(|ptr| Self {
+        let ptr = NonNull::new(unsafe { sys::rdma_create_event_channel() })
+            .ok_or_else(sys::last_error)?;
+        // SAFETY: `ptr` is a live channel (destroyed below if the rest fails).
+        let raw_fd = unsafe { (*ptr.as_ptr()).fd };
+        // SAFETY: the channel's fd is open until the channel is destroyed, after this borrow.
+        let fd = unsafe { BorrowedFd::borrow_raw(raw_fd) };
+        let proxy = sys::fd::set_nonblocking(fd, true).and_then(|()| sys::fd::readiness_proxy(fd));
+        match proxy {
+            Ok(proxy) => Ok(Self {
                 ptr,
+                proxy,
                 gate: Gate::default(),
                 reads: Mutex::new(()),
-            })
-            .ok_or_else(sys::last_error)?;
-        sys::fd::set_nonblocking(channel.fd(), true)?;
-        Ok(channel)
+            }),
+            Err(e) => {
+                // SAFETY: created above, not shared, destroyed once.
+                unsafe { sys::rdma_destroy_event_channel(ptr.as_ptr()) };
+                Err(e)
+            }
+        }
     }
 
     pub(super) fn gate(&self) -> &Gate {
         &self.gate
     }
 
-    /// The channel's file descriptor, open for as long as the channel lives.
+    /// The readiness proxy of the channel's descriptor: what the public API hands out.
+    pub(crate) fn proxy(&self) -> BorrowedFd<'_> {
+        self.proxy.as_fd()
+    }
+
+    /// The channel's own file descriptor, open for as long as the channel lives. It must not
+    /// leave the crate (module docs): the crate polls it and registers it with tokio, nothing
+    /// more.
     pub(crate) fn fd(&self) -> BorrowedFd<'_> {
         // SAFETY: `ptr` is a live channel.
         let fd = unsafe { (*self.ptr.as_ptr()).fd };
@@ -134,28 +161,16 @@ impl RawChannel {
     }
 
     /// `rdma_get_cm_event`: one read, which never waits for an event to come (`EAGAIN` when
-    /// none is queued), whatever the flags of the channel's file (module docs). `EINTR` and
-    /// `EAGAIN` come back as errors for the caller to handle.
+    /// none is queued: the channel's file is non-blocking and nobody else can change that;
+    /// module docs). `EINTR` and `EAGAIN` come back as errors for the caller to handle.
     ///
-    /// The gate is held shared, and the read lock, until the event is counted against its id
-    /// (module docs).
-    ///
-    /// The read lock is taken first and the gate only once an event is queued, so that an empty
-    /// read costs one lock and one `poll`. Nothing holds the gate while waiting for the read
-    /// lock (destroys and migrates never take it), so the order cannot deadlock; a destroy
-    /// that runs between the poll and the gate may take the queued event with it (the kernel
-    /// drops a destroyed id's queued events), and the read then ends in `EAGAIN`, which
-    /// `O_NONBLOCK`, set again below, guarantees.
+    /// The read lock, then the gate, are held until the event is counted against its id
+    /// (module docs). Nothing holds the gate while waiting for the read lock (destroys and
+    /// migrates never take it), so the order cannot deadlock.
     #[inline]
     pub(crate) fn get_event(&self) -> io::Result<RawEvent<'_>> {
         let _serial = self.reads.lock().unwrap_or_else(PoisonError::into_inner);
-        if !super::readable_now(self.fd())? {
-            return Err(io::Error::from_raw_os_error(libc::EAGAIN));
-        }
         let _reading = self.gate.read().unwrap_or_else(PoisonError::into_inner);
-        // For librdmacm's retries inside the call (module docs); a no-op unless someone
-        // cleared the flag through a dup of the descriptor.
-        sys::fd::set_nonblocking(self.fd(), true)?;
         let mut event = ptr::null_mut();
         // SAFETY: `ptr` is a live channel and `event` a valid out-pointer.
         sys::cvt(unsafe { sys::rdma_get_cm_event(self.ptr.as_ptr(), &mut event) })?;

@@ -3,10 +3,9 @@
 use std::io;
 use std::marker::PhantomData;
 use std::mem::MaybeUninit;
-use std::os::fd::BorrowedFd;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::ptr::{self, NonNull};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::sync::{Mutex, PoisonError};
 
 use evchan_sys as sys;
 use libc::{c_int, c_void};
@@ -17,18 +16,16 @@ use super::*;
 // Completion channel, CQ, CQ events
 // ---------------------------------------------------------------------------------------------
 
-/// `ibv_create_comp_channel` / `ibv_destroy_comp_channel`. Its fd is set `O_NONBLOCK`.
-///
-/// Reads never wait for an event to come, whatever the flags of the fd's open file (safe code
-/// can dup the fd and clear `O_NONBLOCK` on the shared file): they are serialised, and each is
-/// made only once `poll` with a zero timeout has said an event is queued, so that no other
-/// reader of ours can take it in between. (A reader outside evchan, through a dup, that takes
-/// it in between makes the read wait for the next event.)
+/// `ibv_create_comp_channel` / `ibv_destroy_comp_channel`. Its fd is set `O_NONBLOCK` and
+/// never leaves the crate; the public API hands out a readiness proxy of it instead (an epoll
+/// instance watching it, a different open file: see `ffi::cm`'s module docs, which do the same
+/// for the CM channel). Nobody else can clear the flag, so every read is one `read` that
+/// returns an event or `EAGAIN`, never a wait.
 #[derive(Debug)]
 pub(crate) struct CompChannel<'ctx> {
     pub(super) ptr: NonNull<sys::ibv_comp_channel>,
+    proxy: OwnedFd,
     events_read: AtomicU64,
-    reads: Mutex<()>,
     _ctx: PhantomData<&'ctx Context>,
 }
 
@@ -41,17 +38,34 @@ unsafe impl Sync for CompChannel<'_> {}
 impl<'ctx> CompChannel<'ctx> {
     pub(crate) fn new(ctx: &'ctx Context) -> io::Result<Self> {
         // SAFETY: live context.
-        let ch = unsafe { sys::ibv_create_comp_channel(ctx.ptr.as_ptr()) };
-        let ch = CompChannel {
-            ptr: NonNull::new(ch).ok_or_else(null_err)?,
-            events_read: AtomicU64::new(0),
-            reads: Mutex::new(()),
-            _ctx: PhantomData,
-        };
-        sys::fd::set_nonblocking(ch.fd(), true)?;
-        Ok(ch)
+        let ptr = NonNull::new(unsafe { sys::ibv_create_comp_channel(ctx.ptr.as_ptr()) })
+            .ok_or_else(null_err)?;
+        // SAFETY: live channel (destroyed below if the rest fails).
+        let raw_fd = unsafe { (*ptr.as_ptr()).fd };
+        // SAFETY: the channel's fd is open until the channel is destroyed, after this borrow.
+        let fd = unsafe { BorrowedFd::borrow_raw(raw_fd) };
+        match sys::fd::set_nonblocking(fd, true).and_then(|()| sys::fd::readiness_proxy(fd)) {
+            Ok(proxy) => Ok(CompChannel {
+                ptr,
+                proxy,
+                events_read: AtomicU64::new(0),
+                _ctx: PhantomData,
+            }),
+            Err(e) => {
+                // SAFETY: created above, no CQ on it, destroyed once.
+                let _ = unsafe { sys::ibv_destroy_comp_channel(ptr.as_ptr()) };
+                Err(e)
+            }
+        }
     }
 
+    /// The readiness proxy of the channel's fd: what the public API hands out.
+    pub(crate) fn proxy(&self) -> BorrowedFd<'_> {
+        self.proxy.as_fd()
+    }
+
+    /// The channel's own fd: polled and registered with tokio inside the crate, never handed
+    /// out (the type's docs).
     pub(crate) fn fd(&self) -> BorrowedFd<'_> {
         // SAFETY: live channel; `fd` is written once at creation.
         let fd = unsafe { (*self.ptr.as_ptr()).fd };
@@ -65,13 +79,9 @@ impl<'ctx> CompChannel<'ctx> {
         self.events_read.load(Ordering::Relaxed)
     }
 
-    /// `ibv_get_cq_event` once an event is queued: `Ok(None)` when none is (or on `EAGAIN`),
-    /// whatever the fd's flags (see the type's docs).
+    /// `ibv_get_cq_event` on the non-blocking fd: `Ok(None)` on `EAGAIN` (see the type's
+    /// docs).
     pub(crate) fn get_cq_event(&self) -> io::Result<Option<CqEventAck>> {
-        let _serial = self.reads.lock().unwrap_or_else(PoisonError::into_inner);
-        if !crate::ffi::readable_now(self.fd())? {
-            return Ok(None);
-        }
         let mut cq: *mut sys::ibv_cq = ptr::null_mut();
         let mut cq_context: *mut c_void = ptr::null_mut();
         loop {
