@@ -41,7 +41,9 @@
 //! barrier releases all threads at once and each reads its events with `try_get_event`,
 //! checks each is `ADDR_RESOLVED` with status 0 for an id of its own, and acks it. The round's
 //! time runs from the earliest thread's release to the latest thread's last ack; after a second
-//! barrier, untimed, the ids are destroyed. A read that finds no event waits in `poll` on the
+//! barrier, untimed, the ids are destroyed. One more round comes first and is left out of every
+//! figure: a warm-up (in a TCG guest the first run of a code path is translated first; the first
+//! `drain` run of a boot once measured 41 000 events/s against the next one's 68 000). A read that finds no event waits in `poll` on the
 //! channel (`get_event_timeout`) and is counted: `waits=K` in the result line, 0 when every read
 //! found its event already queued, which is what this layer means to time. events/s = C × R ÷
 //! the sum of the rounds' times. Also printed, to tell a lack of CPUs from costlier reads: the
@@ -52,11 +54,12 @@
 //!
 //! `spin`: no RDMA, the yardstick for `drain`: how much faster N threads get through a fixed
 //! amount of pure computation than one, on the same machine at the same time. C units of work
-//! (each [`SPIN_STEPS`] steps of a xorshift generator: 4000 steps took 7 to 10 µs in our VM,
-//! a `drain` event about 20) split over N threads as `drain` splits its events, R rounds, each started by a
-//! barrier and timed from the earliest thread's release to the latest thread's end; units/s = C
+//! (each [`SPIN_STEPS`] steps of a xorshift generator: about 14 µs in our VM on a quiet host,
+//! where a `drain` event took 15 to 25) split over N threads as `drain` splits its events, R
+//! rounds after a warm-up round as in `drain`, each started by a barrier and timed from the earliest thread's release to the latest thread's end; units/s = C
 //! × R ÷ the sum of the rounds' times. The threads share no data, so its N ÷ 1 ratio is the
-//! parallelism the CPUs gave, the ceiling of `drain`'s.
+//! parallelism the CPUs gave, the ceiling of `drain`'s. `cpu_s` and `runq_s` as in `drain`: when
+//! they grow with N here as much as in `drain`, what grew was not the cost of a read.
 //!
 //! The witness: after its last `rdma_resolve_addr`, each thread resolves one more id, on a second
 //! channel of its own, and waits for that id's event there before the barrier. The kernel
@@ -568,7 +571,8 @@ fn drain_thread(
     };
     let mut out = Vec::with_capacity(rounds);
     let mut keys = Vec::with_capacity(k);
-    for _ in 0..rounds {
+    // Round 0 warms up (see the file's doc) and is left out.
+    for round in 0..=rounds {
         let mut ids = Vec::with_capacity(k);
         let queued = drain_setup(&ch, &witness_ch, addr, k, &mut ids);
         keys.clear();
@@ -593,12 +597,14 @@ fn drain_thread(
         });
         let waits = read.as_ref().copied().unwrap_or(0);
         meet(read.map(drop))?;
-        out.push(DrainRound {
-            start,
-            end,
-            waits,
-            sched,
-        });
+        if round > 0 {
+            out.push(DrainRound {
+                start,
+                end,
+                waits,
+                sched,
+            });
+        }
         // Untimed: every event is acked, so each id is destroyed at once.
         drop(ids);
     }
@@ -691,15 +697,17 @@ const SPIN_STEPS: u32 = 8000;
 /// The `spin` layer (see the file's doc). It cannot fail.
 fn spin(channels: usize, n: usize, rounds: usize) {
     let barrier = std::sync::Barrier::new(channels);
-    let per_thread: Vec<Vec<(Instant, Instant)>> = std::thread::scope(|s| {
+    let per_thread: Vec<Vec<(Instant, Instant, SchedStat)>> = std::thread::scope(|s| {
         let threads: Vec<_> = (0..channels)
             .map(|t| {
                 let share = n / channels + usize::from(t < n % channels);
                 let barrier = &barrier;
                 s.spawn(move || {
                     let mut state = 0x9E37_79B9_7F4A_7C15u64 ^ t as u64;
-                    (0..rounds)
+                    // Round 0 warms up, as in `drain`, and is left out.
+                    let mut timed: Vec<_> = (0..=rounds)
                         .map(|_| {
+                            let sched = SchedStat::now();
                             barrier.wait();
                             let start = Instant::now();
                             for _ in 0..share {
@@ -711,10 +719,13 @@ fn spin(channels: usize, n: usize, rounds: usize) {
                                 state = std::hint::black_box(state);
                             }
                             let end = Instant::now();
+                            let sched = SchedStat::now().since(sched);
                             barrier.wait();
-                            (start, end)
+                            (start, end, sched)
                         })
-                        .collect()
+                        .collect();
+                    timed.remove(0);
+                    timed
                 })
             })
             .collect();
@@ -726,12 +737,16 @@ fn spin(channels: usize, n: usize, rounds: usize) {
             })
             .collect()
     });
-    let mut wall = Duration::ZERO;
+    let (mut wall, mut on_cpu, mut runnable) = (Duration::ZERO, Duration::ZERO, Duration::ZERO);
     for round in 0..rounds {
         let start = per_thread.iter().map(|t| t[round].0).min();
         let end = per_thread.iter().map(|t| t[round].1).max();
         if let (Some(start), Some(end)) = (start, end) {
             wall += end.saturating_duration_since(start);
+        }
+        for t in &per_thread {
+            on_cpu += t[round].2.on_cpu;
+            runnable += t[round].2.runnable;
         }
     }
     let units = n * rounds;
@@ -748,6 +763,8 @@ fn spin(channels: usize, n: usize, rounds: usize) {
                 "units_per_s",
                 format!("{:.1}", units as f64 / wall.as_secs_f64()),
             ),
+            ("cpu_s", format!("{:.4}", on_cpu.as_secs_f64())),
+            ("runq_s", format!("{:.4}", runnable.as_secs_f64())),
         ],
     );
 }
