@@ -438,7 +438,11 @@ struct SchedStat {
 }
 
 impl SchedStat {
+    /// The figures now, after a `sched_yield`: the kernel adds a running thread's time to them
+    /// only at a tick or a switch, so without the yield a thread that woke less than a tick ago
+    /// (4 ms at Debian's HZ=250, longer than many rounds here) reads none of its time since.
     fn now() -> Self {
+        std::thread::yield_now();
         let text = std::fs::read_to_string("/proc/thread-self/schedstat").unwrap_or_default();
         let mut ns = text
             .split_whitespace()
