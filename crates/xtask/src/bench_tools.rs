@@ -538,20 +538,21 @@ impl Results {
              connecting id; CONNECT_REQUEST on the listener; ESTABLISHED, DISCONNECTED on the \
              accepted id). `core`: n threads, each draining its own channel with its own \
              listener and {EVENT_CONNS} ÷ n of the connections; events as read{}. events/s = \
-             events ÷ wall time. These two time the generation of the events as much as their \
-             retrieval, and the generation cannot scale with channels on one port whatever the \
-             library does: the kernel makes CM events one at a time (Linux 6.1, \
-             `drivers/infiniband/core`: rdma_cm's `cma_wq` and ib_addr's `addr_wq` are ordered \
-             workqueues, `alloc_ordered_workqueue` in `cma.c` and `addr.c`; ib_cm's runs one \
-             item at a time, `alloc_workqueue(\"ib_cm\", 0, 1)` in `cm.c`; the CM's MADs are \
-             received on the port's ordered `ib_mad%u`, `mad.c`).\n\n\
+             events ÷ wall time. These two time the generation of the events as well as their \
+             retrieval, and the kernel's part of the generation runs one work item at a time on \
+             one port however many channels there are (Linux 6.1, `drivers/infiniband/core`: \
+             rdma_cm's `cma_wq` and ib_addr's `addr_wq` are ordered workqueues, \
+             `alloc_ordered_workqueue` in `cma.c` and `addr.c`; ib_cm's runs one item at a time, \
+             `alloc_workqueue(\"ib_cm\", 0, 1)` in `cm.c`; the CM's MADs are received on the \
+             port's ordered `ib_mad%u`, `mad.c`): only the work done in the threads themselves, \
+             in user space and in their own system calls, can spread over channels.\n\n\
              `drain` times the retrieval alone, not the generation: n threads, each with its \
              own channel and {EVENT_CONNS} ÷ n ids, {DRAIN_ROUNDS} rounds per run after an untimed \
              warm-up round. Untimed, each \
              id calls `rdma_resolve_addr` toward the VM's own address and each thread waits \
              until all its `ADDR_RESOLVED` events are queued (its witness, an id resolved last \
              on a second channel, has its event: `addr_wq` completes requests in the order \
-             made); then a barrier releases the threads, and a round's time runs until the last \
+             queued, and one to a local address is queued at once); then a barrier releases the threads, and a round's time runs until the last \
              thread has read (`try_get_event`), checked (`ADDR_RESOLVED`, status 0, one per id) \
              and acked its {EVENT_CONNS} ÷ n events; events/s = events ÷ the rounds' summed \
              times. Reads that found no event queued and waited in `poll`: {}. `spin` is \
