@@ -71,7 +71,8 @@
 //! before it has been handled and its event is queued. A fixed sleep would only make that
 //! likely; the witness makes it sure for this address, and `waits=` shows it held (a request
 //! that needed a neighbour lookup would be re-queued with a delay and overtaken: it would show as
-//! waits). The witness's own read, on its own channel, is not timed and not counted; reading it
+//! waits; so would a kernel whose `addr_wq` is not ordered, as a proposed patch would make it).
+//! The witness's own read, on its own channel, is not timed and not counted; reading it
 //! also makes librdmacm open the device and its PD (`ucma_get_device`) before the first timed
 //! read.
 
