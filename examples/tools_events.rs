@@ -1,7 +1,8 @@
 //! CM events per second for many connections through 1, 2 or 4 event channels, with the async
 //! `evchan` API (`Config::shards(n)`: one rdma_cm event channel, and one thread, per shard) or
-//! with `evchan-core` (`--layer core`: N threads, each draining its own channel). Run by
-//! `cargo xtask bench --tools` in the soft-RoCE VM.
+//! with `evchan-core` (`--layer core`: N threads, each draining its own channel); the retrieval
+//! alone of already-queued events (`--layer drain`); and a pure-computation yardstick for it
+//! (`--layer spin`). Run by `cargo xtask bench --tools` in the soft-RoCE VM.
 //!
 //! ```text
 //! tools_events --channels N [--layer async|core|drain|spin] [--connections C] [--in-flight K]
@@ -43,9 +44,10 @@
 //! time runs from the earliest thread's release to the latest thread's last ack; after a second
 //! barrier, untimed, the ids are destroyed. One more round comes first and is left out of every
 //! figure: a warm-up (in a TCG guest the first run of a code path is translated first; the first
-//! `drain` run of a boot once measured 41 000 events/s against the next one's 68 000). A read that finds no event waits in `poll` on the
-//! channel (`get_event_timeout`) and is counted: `waits=K` in the result line, 0 when every read
-//! found its event already queued, which is what this layer means to time. events/s = C × R ÷
+//! `drain` run of a boot once measured 41 000 events/s against the next one's 68 000). A read
+//! that finds no event waits in `poll` on the channel (`get_event_timeout`) and is counted:
+//! `waits=K` in the result line, 0 when every read found its event already queued, which is
+//! what this layer means to time. events/s = C × R ÷
 //! the sum of the rounds' times. Also printed, to tell a lack of CPUs from costlier reads: the
 //! threads' time on a CPU (`cpu_s`) and runnable but waiting for one (`runq_s`) from just before
 //! the barrier to their last ack, summed over threads and rounds, as the kernel the program runs
@@ -56,8 +58,9 @@
 //! amount of pure computation than one, on the same machine at the same time. C units of work
 //! (each [`SPIN_STEPS`] steps of a xorshift generator: about 14 µs in our VM on a quiet host,
 //! where a `drain` event took 15 to 25) split over N threads as `drain` splits its events, R
-//! rounds after a warm-up round as in `drain`, each started by a barrier and timed from the earliest thread's release to the latest thread's end; units/s = C
-//! × R ÷ the sum of the rounds' times. The threads share no data, so its N ÷ 1 ratio is the
+//! rounds after a warm-up round as in `drain`, each started by a barrier and timed from the
+//! earliest thread's release to the latest thread's end; units/s = C × R ÷ the sum of the
+//! rounds' times. The threads share no data, so its N ÷ 1 ratio is the
 //! parallelism the CPUs gave, the ceiling of `drain`'s. `cpu_s` and `runq_s` as in `drain`: when
 //! they grow with N here as much as in `drain`, what grew was not the cost of a read.
 //!

@@ -547,12 +547,12 @@ impl Results {
              port's ordered `ib_mad%u`, `mad.c`): only the work done in the threads themselves, \
              in user space and in their own system calls, can spread over channels.\n\n\
              `drain` times the retrieval alone, not the generation: n threads, each with its \
-             own channel and {EVENT_CONNS} ÷ n ids, {DRAIN_ROUNDS} rounds per run after an untimed \
-             warm-up round. Untimed, each \
-             id calls `rdma_resolve_addr` toward the VM's own address and each thread waits \
-             until all its `ADDR_RESOLVED` events are queued (its witness, an id resolved last \
-             on a second channel, has its event: `addr_wq` completes requests in the order \
-             queued, and one to a local address is queued at once); then a barrier releases the threads, and a round's time runs until the last \
+             own channel and {EVENT_CONNS} ÷ n ids, {DRAIN_ROUNDS} rounds per run after an \
+             untimed warm-up round. Untimed, each id calls `rdma_resolve_addr` toward the VM's \
+             own address and each thread waits until all its `ADDR_RESOLVED` events are queued \
+             (its witness, an id resolved last on a second channel, has its event: `addr_wq` \
+             completes requests in the order queued, and one to a local address is queued at \
+             once); then a barrier releases the threads, and a round's time runs until the last \
              thread has read (`try_get_event`), checked (`ADDR_RESOLVED`, status 0, one per id) \
              and acked its {EVENT_CONNS} ÷ n events; events/s = events ÷ the rounds' summed \
              times. Reads that found no event queued and waited in `poll`: {}. `spin` is \
