@@ -15,8 +15,12 @@
 //!   a round trip (`t_typical` is the median of the time between two posts of the client,
 //!   divided by 2; `99% percentile` likewise), so its figures are doubled here;
 //! - CM events per second for 256 connections through 1, 2 and 4 event channels: the async
-//!   API's shards, and evchan-core with one thread per channel; the baseline is the same
-//!   layer's 1-channel figure of the same boot.
+//!   API's shards, and evchan-core with one thread per channel, each generating and reading
+//!   every event of whole connections; `drain`, the retrieval alone: 256 `ADDR_RESOLVED`
+//!   events already queued, read by 1, 2 or 4 threads from a channel each; and `spin`, the
+//!   yardstick: the same split of pure computation over 1, 2 or 4 threads, the parallelism the
+//!   VM's vCPUs gave at the time. The baseline is the same layer's 1-channel figure of the same
+//!   boot.
 //!
 //! Every figure is the median over the rounds; `spread` is (max − min) ÷ median of ours over
 //! the rounds. Under TCG only the ratios mean anything.
@@ -49,6 +53,10 @@ const CHANNELS: &[u32] = &[1, 2, 4];
 /// How many of the event run's connects are in flight at once (all 256 at once overran the
 /// kernel CM's connect timeout on a loaded host: `UNREACHABLE` with `ETIMEDOUT`).
 const IN_FLIGHT: u32 = 32;
+/// The rounds inside one `tools_events --layer drain|spin` run (its `--rounds`).
+const DRAIN_ROUNDS: u32 = 8;
+/// The `tools_events` layers, in the order of their rows.
+const EVENT_LAYERS: &[&str] = &["async", "core", "drain", "spin"];
 /// The async ping-pong's drivers: (`driver=` of its result line, `tools_pingpong` flags, label).
 const DRIVERS: &[(&str, &str, &str)] = &[
     ("threads", "", "threads"),
@@ -213,6 +221,17 @@ fn script(examples: &Path, plan: &Plan) -> String {
                 );
             }
         }
+        // Each drain run right after its yardstick, so both see the same load.
+        for c in CHANNELS {
+            for layer in ["spin", "drain"] {
+                let _ = writeln!(
+                    s,
+                    "timeout 240 $E/tools_events --layer {layer} --channels {c} \
+                     --connections {EVENT_CONNS} --rounds {DRAIN_ROUNDS} --addr $A:7480 \
+                     || fail tools_events {layer} {c}"
+                );
+            }
+        }
     }
     s.push_str("exit $status\n");
     s
@@ -230,8 +249,10 @@ struct Results {
     lat: BTreeMap<(String, String), Vec<(f64, f64)>>,
     /// (layer, channels) → events/s of each round.
     events: BTreeMap<(String, u32), Vec<f64>>,
-    /// (layer) → the events counted in each run.
+    /// (layer) → the events counted in each run (`spin`: its units of work).
     event_counts: BTreeMap<String, Vec<u64>>,
+    /// `drain`: the reads of each run that found no event queued and waited (`waits=`).
+    drain_waits: Vec<u64>,
     /// The `mode` of the last `@@tools isl` marker: the next result line is its.
     isl_mode: Option<String>,
     failures: Vec<String>,
@@ -288,13 +309,21 @@ impl Results {
             }
         } else if let Some(rest) = line.strip_prefix("@tools events ") {
             let f = fields(rest);
+            // `spin` counts units of work, not events.
             if let (Some(layer), Some(c), Some(count), Some(rate)) = (
                 f.get("layer"),
                 f.get("channels").and_then(|c| c.parse().ok()),
-                f.get("events").and_then(|c| c.parse().ok()),
-                num(&f, "events_per_s"),
+                f.get("events")
+                    .or_else(|| f.get("units"))
+                    .and_then(|c| c.parse().ok()),
+                num(&f, "events_per_s").or_else(|| num(&f, "units_per_s")),
             ) {
                 let layer = (*layer).to_owned();
+                if layer == "drain" {
+                    if let Some(w) = f.get("waits").and_then(|w| w.parse().ok()) {
+                        self.drain_waits.push(w);
+                    }
+                }
                 self.events
                     .entry((layer.clone(), c))
                     .or_default()
@@ -509,7 +538,28 @@ impl Results {
              connecting id; CONNECT_REQUEST on the listener; ESTABLISHED, DISCONNECTED on the \
              accepted id). `core`: n threads, each draining its own channel with its own \
              listener and {EVENT_CONNS} ÷ n of the connections; events as read{}. events/s = \
-             events ÷ wall time. Baseline: the same layer with 1 channel, same boot. More \
+             events ÷ wall time. These two time the generation of the events as well as their \
+             retrieval, and the kernel's part of the generation runs one work item at a time on \
+             one port however many channels there are (Linux 6.1, `drivers/infiniband/core`: \
+             rdma_cm's `cma_wq` and ib_addr's `addr_wq` are ordered workqueues, \
+             `alloc_ordered_workqueue` in `cma.c` and `addr.c`; ib_cm's runs one item at a time, \
+             `alloc_workqueue(\"ib_cm\", 0, 1)` in `cm.c`; the CM's MADs are received on the \
+             port's ordered `ib_mad%u`, `mad.c`): only the work done in the threads themselves, \
+             in user space and in their own system calls, can spread over channels.\n\n\
+             `drain` times the retrieval alone, not the generation: n threads, each with its \
+             own channel and {EVENT_CONNS} ÷ n ids, {DRAIN_ROUNDS} rounds per run after an \
+             untimed warm-up round. Untimed, each id calls `rdma_resolve_addr` toward the VM's \
+             own address and each thread waits until all its `ADDR_RESOLVED` events are queued \
+             (its witness, an id resolved last on a second channel, has its event: `addr_wq` \
+             completes requests in the order queued, and one to a local address is queued at \
+             once); then a barrier releases the threads, and a round's time runs until the last \
+             thread has read (`try_get_event`), checked (`ADDR_RESOLVED`, status 0, one per id) \
+             and acked its {EVENT_CONNS} ÷ n events; events/s = events ÷ the rounds' summed \
+             times. Reads that found no event queued and waited in `poll`: {}. `spin` is \
+             `drain`'s yardstick, no RDMA: {EVENT_CONNS} units of pure computation (no shared \
+             data) split over n threads the same way, run just before each `drain` run; its n ÷ \
+             1 ratio is the parallelism the VM's vCPUs gave at that time, the ceiling of \
+             `drain`'s. Baseline of every row: the same layer with 1 channel, same boot. More \
              channels than the VM's vCPUs cannot run in parallel.\n\n",
             self.event_counts.get("core").map_or_else(String::new, |c| {
                 let (lo, hi) = (c.iter().min(), c.iter().max());
@@ -518,22 +568,37 @@ impl Results {
                     lo.copied().unwrap_or(0),
                     hi.copied().unwrap_or(0)
                 )
-            })
+            }),
+            if self.drain_waits.is_empty() {
+                "no `drain` run was read".to_owned()
+            } else {
+                format!(
+                    "{} in all, over {} `drain` runs",
+                    self.drain_waits.iter().sum::<u64>(),
+                    self.drain_waits.len()
+                )
+            }
         );
         out.push_str(header);
-        for layer in ["async", "core"] {
+        for layer in EVENT_LAYERS {
             let get = |c: u32| {
                 self.events
-                    .get(&(layer.to_owned(), c))
+                    .get(&((*layer).to_owned(), c))
                     .cloned()
                     .unwrap_or_default()
             };
             let one = get(1);
+            // `spin` is a yardstick, not a goal.
+            let (what, goal) = if *layer == "spin" {
+                ("units/s", None)
+            } else {
+                ("events/s", Some(Target::AtLeast(1.5)))
+            };
             for c in CHANNELS {
-                let target = (*c == 4).then_some(Target::AtLeast(1.5));
+                let target = goal.filter(|_| *c == 4);
                 row_text(
                     &mut out,
-                    &format!("{layer}: events/s, {c} ch ÷ 1 ch"),
+                    &format!("{layer}: {what}, {c} ch ÷ 1 ch"),
                     &get(*c),
                     &one,
                     "",
@@ -774,6 +839,77 @@ mod tests {
             assert_eq!(pp[i + 4], *want);
         }
         assert_eq!(s.lines().filter(|l| l.starts_with("isl ")).count(), 4);
+    }
+
+    #[test]
+    fn parses_drain_and_its_yardstick() {
+        let mut r = Results::default();
+        for line in [
+            "@tools events layer=drain channels=1 conns=256 rounds=8 events=2048 wall_s=0.0400 \
+             round_min_s=0.0040 round_max_s=0.0060 events_per_s=50000.0 waits=0 cpu_s=0.0400 \
+             runq_s=0.0010",
+            "@tools events layer=drain channels=4 conns=256 rounds=8 events=2048 wall_s=0.0200 \
+             round_min_s=0.0020 round_max_s=0.0030 events_per_s=80000.0 waits=3 cpu_s=0.0500 \
+             runq_s=0.0200",
+            "@tools events layer=spin channels=1 conns=256 rounds=8 units=2048 wall_s=0.0500 \
+             units_per_s=40000.0 cpu_s=0.0500 runq_s=0.0000",
+            "@tools events layer=spin channels=4 conns=256 rounds=8 units=2048 wall_s=0.0300 \
+             units_per_s=70000.0 cpu_s=0.0600 runq_s=0.0300",
+        ] {
+            r.add_line(line);
+        }
+        assert_eq!(r.events[&("drain".into(), 4)], vec![80000.0]);
+        assert_eq!(r.events[&("spin".into(), 4)], vec![70000.0]);
+        assert_eq!(r.event_counts["spin"], vec![2048, 2048]);
+        assert_eq!(r.drain_waits, vec![0, 3]);
+        let plan = Plan {
+            cm_rounds: 1,
+            lat_rounds: 1,
+            iters: 300,
+            event_rounds: 1,
+        };
+        let s = r.section(&plan, Duration::from_secs(1), "1", "1");
+        for want in [
+            "| drain: events/s, 4 ch ÷ 1 ch | 80000 | 50000 | 1.60 |  | 0 % | ≥ 1.50 | yes |",
+            "| drain: events/s, 2 ch ÷ 1 ch | – | 50000 | – |  | – |  |  |",
+            "| spin: units/s, 4 ch ÷ 1 ch | 70000 | 40000 | 1.75 |  | 0 % |  |  |",
+            "| async: events/s, 4 ch ÷ 1 ch | – | – | – |  | – | ≥ 1.50 | no figure |",
+            "queued and waited in `poll`: 3 in all, over 2 `drain` runs.",
+        ] {
+            assert!(s.contains(want), "{want}\n{s}");
+        }
+    }
+
+    #[test]
+    fn script_runs_every_event_layer_in_every_events_round() {
+        let plan = Plan {
+            cm_rounds: 1,
+            lat_rounds: 1,
+            iters: 300,
+            event_rounds: 2,
+        };
+        let s = script(Path::new("/x"), &plan);
+        let runs: Vec<&str> = s.lines().filter(|l| l.contains("/tools_events ")).collect();
+        assert_eq!(runs.len(), 2 * 4 * CHANNELS.len(), "{s}");
+        for layer in EVENT_LAYERS {
+            for c in CHANNELS {
+                let want = format!("--layer {layer} --channels {c} ");
+                assert_eq!(
+                    runs.iter().filter(|l| l.contains(&want)).count(),
+                    2,
+                    "{want}"
+                );
+            }
+        }
+        for run in &runs {
+            let rounds = run.contains("--rounds 8");
+            let in_flight = run.contains("--in-flight");
+            if run.contains("--layer drain") || run.contains("--layer spin") {
+                assert!(rounds && !in_flight, "{run}");
+            } else {
+                assert!(!rounds && in_flight, "{run}");
+            }
+        }
     }
 
     #[test]
