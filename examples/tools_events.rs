@@ -94,7 +94,7 @@ fn main() -> ExitCode {
             format!("--rounds is only for --layer drain and spin\n{USAGE}"),
         );
     }
-    let (in_flight, rounds) = (in_flight.unwrap_or(32usize), rounds.unwrap_or(8usize));
+    let (in_flight, rounds) = (in_flight.unwrap_or(32usize), rounds.unwrap_or(32usize));
     if channels == 0 || conns == 0 || in_flight == 0 || rounds == 0 {
         fail(
             PROGRAM,

@@ -2,7 +2,7 @@
 //!
 //! `drain`: the retrieval of CM events alone, apart from their generation. N threads, each with
 //! its own event channel and C ÷ N ids (the first C mod N threads one more), in R rounds
-//! (`--rounds`, default 8). Each round, untimed, each thread creates its ids and calls
+//! (`--rounds`, default 32). Each round, untimed, each thread creates its ids and calls
 //! `rdma_resolve_addr` on each toward `--addr` (the VM's own address); then it waits until its
 //! C ÷ N `ADDR_RESOLVED` events are all queued on its channel (the witness, below); then a
 //! barrier releases all threads at once and each reads its events with `try_get_event`,

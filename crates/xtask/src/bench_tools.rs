@@ -54,7 +54,7 @@ const CHANNELS: &[u32] = &[1, 2, 4];
 /// kernel CM's connect timeout on a loaded host: `UNREACHABLE` with `ETIMEDOUT`).
 const IN_FLIGHT: u32 = 32;
 /// The rounds inside one `tools_events --layer drain|spin` run (its `--rounds`).
-const DRAIN_ROUNDS: u32 = 8;
+const DRAIN_ROUNDS: u32 = 32;
 /// The `tools_events` layers, in the order of their rows.
 const EVENT_LAYERS: &[&str] = &["async", "core", "drain", "spin"];
 /// The async ping-pong's drivers: (`driver=` of its result line, `tools_pingpong` flags, label).
