@@ -902,7 +902,7 @@ mod tests {
             }
         }
         for run in &runs {
-            let rounds = run.contains("--rounds 8");
+            let rounds = run.contains(&format!("--rounds {DRAIN_ROUNDS}"));
             let in_flight = run.contains("--in-flight");
             if run.contains("--layer drain") || run.contains("--layer spin") {
                 assert!(rounds && !in_flight, "{run}");
