@@ -18,6 +18,11 @@
 //! `evchan_measured`, for `valgrind --tool=callgrind --toggle-collect='*evchan_measured*'`
 //! (`cargo xtask bench` does that: instructions per operation).
 //!
+//! With `EVCHAN_BENCH_PAIRED=FIGURE/VARIANT:BLOCK:PAIRS` (e.g. `queued_ack/evchan:100:20`) it
+//! runs no criterion either: it times PAIRS pairs of blocks of BLOCK operations, the variant's
+//! and `raw`'s right after each other, and prints the median and quartiles of the pairs' ratios
+//! (`support::paired`; `cargo xtask bench` runs it: the paired ratio).
+//!
 //! `evchan` is the safe layer, `raw` the same work in plain librdmacm calls through `evchan-sys`.
 //! What differs, on purpose (it is what the safe layer costs): evchan's descriptor is always
 //! `O_NONBLOCK` and `get_event` waits in `poll(2)`, so a read that comes before the event is one
@@ -63,6 +68,10 @@ fn main() {
     }
     if let Some((figure, variant, n)) = support::ops_mode() {
         ops(&figure, &variant, n);
+        return;
+    }
+    if let Some((figure, variant, block, pairs)) = support::paired_mode() {
+        paired(&figure, &variant, block, pairs);
         return;
     }
     let mut c = support::criterion();
@@ -122,6 +131,57 @@ fn ops(figure: &str, variant: &str, n: u64) {
         }
         _ => panic!("no operation {figure}/{variant} in cm_event"),
     }
+}
+
+/// The paired mode (module docs): `pairs` pairs of blocks of `block` operations, `variant`
+/// against `raw` in turns, each block timed as criterion times one iteration of the figure.
+fn paired(figure: &str, variant: &str, block: u64, pairs: usize) {
+    let dst = SocketAddr::from((DST, PORT));
+    let channel = EventChannel::new().expect("rdma_create_event_channel");
+    let raw = RawChannel::new();
+    let mut sin = sockaddr_in(DST, PORT);
+    let timeout_ms = i32::try_from(RESOLVE_TIMEOUT.as_millis()).expect("a small timeout");
+    let rt = support::runtime();
+    let readable = rt.block_on(async { channel.readable() }).expect("AsyncFd");
+    let n = usize::try_from(block).expect("a block that fits usize");
+    support::paired(figure, variant, block, pairs, |v, _| match (figure, v) {
+        ("resolve_addr", "evchan") => support::timed(|| {
+            (0..n).for_each(|_| resolve_cycle(&channel, dst));
+        }),
+        ("resolve_addr", "async") => support::timed(|| {
+            rt.block_on(async {
+                for _ in 0..n {
+                    resolve_cycle_async(&channel, &readable, dst).await;
+                }
+            });
+        }),
+        ("resolve_addr", "raw") => support::timed(|| {
+            (0..n).for_each(|_| raw.resolve_cycle(&mut sin, timeout_ms));
+        }),
+        ("queued_ack", "evchan") => {
+            let ids = queue_evchan(&channel, dst, n);
+            support::wait_queued();
+            let took = support::timed(|| (0..n).for_each(|_| drain_one_evchan(&channel)));
+            drop(ids);
+            took
+        }
+        ("queued_ack", "raw") => {
+            raw.set_nonblocking();
+            let ids = raw.queue(&mut sin, timeout_ms, n);
+            support::wait_queued();
+            let took = support::timed(|| (0..n).for_each(|_| raw.drain_one()));
+            raw.destroy_ids(ids);
+            took
+        }
+        ("empty_read", "evchan") => support::timed(|| {
+            (0..n).for_each(|_| empty_read_evchan(&channel));
+        }),
+        ("empty_read", "raw") => {
+            raw.set_nonblocking();
+            support::timed(|| (0..n).for_each(|_| raw.empty_read()))
+        }
+        _ => panic!("no operation {figure}/{v} in cm_event"),
+    });
 }
 
 /// One cycle of `cm_event/resolve_addr/evchan`.

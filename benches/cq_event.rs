@@ -20,6 +20,11 @@
 //! that: instructions per operation; the untimed receive of each round is counted too, the
 //! same in both).
 //!
+//! With `EVCHAN_BENCH_PAIRED=FIGURE/VARIANT:BLOCK:PAIRS` (e.g. `poll_empty/evchan:20000:30`) it
+//! runs no criterion either: it times PAIRS pairs of blocks of BLOCK operations, the variant's
+//! and `raw`'s right after each other, and prints the median and quartiles of the pairs' ratios
+//! (`support::paired`; `cargo xtask bench` runs it: the paired ratio).
+//!
 //! The baseline is the plain C idiom: a blocking channel, and `ibv_get_cq_event` waits in its
 //! `read`. What differs, on purpose (it is what the safe layer costs): evchan's channel is always
 //! `O_NONBLOCK`; its `get_cq_event` reads first and waits in `poll(2)` only on `EAGAIN`. On
@@ -86,6 +91,10 @@ fn main() {
 
     if let Some((figure, variant, n)) = support::ops_mode() {
         ops(&figure, &variant, n, &safe, &mut raw);
+        return;
+    }
+    if let Some((figure, variant, block, pairs)) = support::paired_mode() {
+        paired(&figure, &variant, block, pairs, &safe, &mut raw);
         return;
     }
 
@@ -155,6 +164,30 @@ fn ops(figure: &str, variant: &str, n: u64, safe: &Safe<'_>, raw: &mut Raw) {
         ("poll_empty", "raw") => support::evchan_measured(n, || raw.poll_empty()),
         _ => panic!("no operation {figure}/{variant} in cq_event"),
     }
+}
+
+/// The paired mode (module docs): `pairs` pairs of blocks of `block` operations, `variant`
+/// against `raw` in turns, each block timed as criterion times one iteration of the figure.
+fn paired(figure: &str, variant: &str, block: u64, pairs: usize, safe: &Safe<'_>, raw: &mut Raw) {
+    let mut send = safe.buffers();
+    let rt = support::runtime();
+    let readable = rt
+        .block_on(async { safe.channel.readable() })
+        .expect("AsyncFd");
+    support::paired(figure, variant, block, pairs, |v, n| match (figure, v) {
+        ("send_completion", "evchan") => (0..n).map(|_| safe.round(&mut send)).sum(),
+        ("send_completion", "async") => rt.block_on(async {
+            let mut took = Duration::ZERO;
+            for _ in 0..n {
+                took += safe.round_async(&readable, &mut send).await;
+            }
+            took
+        }),
+        ("send_completion", "raw") => (0..n).map(|_| raw.round()).sum(),
+        ("poll_empty", "evchan") => support::timed(|| (0..n).for_each(|_| safe.poll_empty())),
+        ("poll_empty", "raw") => support::timed(|| (0..n).for_each(|_| raw.poll_empty())),
+        _ => panic!("no operation {figure}/{v} in cq_event"),
+    });
 }
 
 /// Opens `rxe0` (the VM's device), or else the first device.

@@ -89,3 +89,67 @@ pub fn evchan_measured(n: u64, mut op: impl FnMut()) {
         op();
     }
 }
+
+/// The paired mode: `EVCHAN_BENCH_PAIRED=FIGURE/VARIANT:BLOCK:PAIRS` → `(figure, variant, block,
+/// pairs)`.
+pub fn paired_mode() -> Option<(String, String, u64, usize)> {
+    let spec = std::env::var("EVCHAN_BENCH_PAIRED").ok()?;
+    let parsed = spec.split_once(':').and_then(|(name, rest)| {
+        let (figure, variant) = name.split_once('/')?;
+        let (block, pairs) = rest.split_once(':')?;
+        let (block, pairs) = (block.parse().ok()?, pairs.parse().ok()?);
+        (block > 0 && pairs > 0).then(|| (figure.to_owned(), variant.to_owned(), block, pairs))
+    });
+    match parsed {
+        Some(p) => Some(p),
+        None => {
+            eprintln!("EVCHAN_BENCH_PAIRED={spec}: expected FIGURE/VARIANT:BLOCK:PAIRS (both > 0)");
+            std::process::exit(2);
+        }
+    }
+}
+
+/// The paired mode's measurement: `pairs` pairs of blocks, each pair one block of `block`
+/// operations of `variant` and one of the baseline (`raw`) right after each other, in turns
+/// which one goes first; `run(variant, block)` makes a block's untimed setup and returns the
+/// time of its operations. One untimed pair first, as a warm-up. Prints the median and quartiles
+/// of the pairs' ratios (ours ÷ raw) as `@paired figure=… variant=… block=… pairs=… median=…
+/// q1=… q3=…`: each ratio compares two blocks that ran within moments of each other, so a
+/// drift of the machine's speed during the run (another tenant, TCG) moves both sides of it.
+pub fn paired(
+    figure: &str,
+    variant: &str,
+    block: u64,
+    pairs: usize,
+    mut run: impl FnMut(&str, u64) -> std::time::Duration,
+) {
+    let _ = (run(variant, block), run("raw", block));
+    let mut ratios: Vec<f64> = (0..pairs)
+        .map(|i| {
+            let (ours, raw) = if i % 2 == 0 {
+                let ours = run(variant, block);
+                (ours, run("raw", block))
+            } else {
+                let raw = run("raw", block);
+                (run(variant, block), raw)
+            };
+            ours.as_secs_f64() / raw.as_secs_f64().max(f64::MIN_POSITIVE)
+        })
+        .collect();
+    ratios.sort_by(f64::total_cmp);
+    let at = |q: f64| ratios[((ratios.len() - 1) as f64 * q).round() as usize];
+    println!(
+        "@paired figure={figure} variant={variant} block={block} pairs={pairs} median={:.4} \
+         q1={:.4} q3={:.4}",
+        at(0.5),
+        at(0.25),
+        at(0.75)
+    );
+}
+
+/// The time `f` takes.
+pub fn timed(f: impl FnOnce()) -> std::time::Duration {
+    let start = std::time::Instant::now();
+    f();
+    start.elapsed()
+}

@@ -4,7 +4,8 @@
 //! Builds the bench executables on the host (`cargo bench --no-run`, the bench profile), runs
 //! them in the soft-RoCE VM (natively on a host with an ACTIVE RDMA port, unless `--vm`) with
 //! options that keep a run short under TCG, then counts the instructions of each operation under
-//! `valgrind --tool=callgrind` in the same boot. From criterion's per-sample data (brought back
+//! `valgrind --tool=callgrind` in the same boot, then times each figure's paired ratio (pairs of
+//! blocks, ours and raw right after each other: `PAIRED`). From criterion's per-sample data (brought back
 //! from the guest into `target/criterion/`) it computes each figure's median, its raw-FFI
 //! baseline's median of the same run, their ratio and spread, prints the table and writes
 //! `docs/BENCHMARKS.md` (its generated part) and `docs/bench-latency.svg`.
@@ -64,6 +65,20 @@ const CALLGRIND: &[(&str, &str, &[&str], u64)] = &[
         200,
     ),
     ("cq_event", "poll_empty", &["evchan", "raw"], 20000),
+];
+
+/// The paired ratios (`EVCHAN_BENCH_PAIRED`, `benches/support`'s `paired`): (bench executable,
+/// figure, variant, operations per block, pairs of blocks). Each pair times a block of the
+/// variant and one of `raw` right after each other, so a drift of the machine's speed during the
+/// run moves both sides of each ratio.
+const PAIRED: &[(&str, &str, &str, u64, usize)] = &[
+    ("cm_event", "resolve_addr", "evchan", 20, 30),
+    ("cm_event", "resolve_addr", "async", 20, 30),
+    ("cm_event", "queued_ack", "evchan", 100, 40),
+    ("cm_event", "empty_read", "evchan", 2000, 30),
+    ("cq_event", "send_completion", "evchan", 100, 30),
+    ("cq_event", "send_completion", "async", 100, 30),
+    ("cq_event", "poll_empty", "evchan", 20000, 30),
 ];
 
 /// What the command line asked for.
@@ -178,13 +193,19 @@ pub fn run(args: &[String]) -> Result<i32> {
         Vec::new()
     };
 
+    let mut extra = String::new();
+    for (bench, figure, variant, block, pairs) in PAIRED {
+        if let Some((_, exe)) = benches.iter().find(|(b, _)| b == bench) {
+            extra.push_str(&paired_lines(exe, figure, variant, *block, *pairs));
+        }
+    }
     let home = target_dir().join("criterion");
     let load_start = load_average();
     let mut counts = Instructions::default();
     let watch = Watch::start(usize::from(place == Place::Vm));
     let ran = match place {
-        Place::Vm => in_vm(&benches, &criterion, &callgrind, &home, &mut counts),
-        Place::Native => native(&benches, &criterion, &callgrind, &home, &mut counts),
+        Place::Vm => in_vm(&benches, &criterion, &callgrind, &extra, &home, &mut counts),
+        Place::Native => native(&benches, &criterion, &callgrind, &extra, &home, &mut counts),
     };
     let busy = watch.stop();
     let ok = ran?;
@@ -280,12 +301,26 @@ fn callgrind_lines(exe: &Path, figure: &str, variant: &str, n: u64, out: &str) -
     )
 }
 
-/// Every bench executable, then every callgrind count, in one VM boot, with
+/// The shell lines that run one figure's paired mode and print its `@paired` line (a run that
+/// prints none prints `@@paired-failed FIGURE/VARIANT` and fails the script).
+fn paired_lines(exe: &Path, figure: &str, variant: &str, block: u64, pairs: usize) -> String {
+    let exe = vm::shell_join(&[exe.display().to_string()]);
+    format!(
+        "out=$(EVCHAN_BENCH_PAIRED='{figure}/{variant}:{block}:{pairs}' timeout 600 {exe} 2>&1)\n\
+         echo \"$out\" | grep -E '@paired|panicked'\n\
+         echo \"$out\" | grep -q '^@paired ' \
+         || {{ echo '@@paired-failed {figure}/{variant}'; status=1; }}\n"
+    )
+}
+
+/// Every bench executable, then every callgrind count, then the paired ratios (`extra`, shell
+/// lines), in one VM boot, with
 /// `EVCHAN_REQUIRE_DEVICE=1`; criterion's directory travels in (for `--baseline`) and back.
 fn in_vm(
     benches: &[(String, PathBuf)],
     criterion: &[String],
     callgrind: &[(PathBuf, &str, &str, u64)],
+    extra: &str,
     home: &Path,
     counts: &mut Instructions,
 ) -> Result<bool> {
@@ -328,6 +363,7 @@ fn in_vm(
             "\"$CRITERION_HOME/.rc/callgrind.out\"",
         ));
     }
+    script.push_str(extra);
     script.push_str(
         "rm -rf \"$CRITERION_HOME/.rc\"\n\
          echo '@@criterion-begin'\n\
@@ -390,11 +426,12 @@ fn unpack(base64: &str, home: &Path) -> Result<()> {
 }
 
 /// Every bench executable on this host, one after the other, with `EVCHAN_REQUIRE_DEVICE=1`,
-/// then the callgrind counts.
+/// then the callgrind counts, then the paired ratios (`extra`, shell lines).
 fn native(
     benches: &[(String, PathBuf)],
     criterion: &[String],
     callgrind: &[(PathBuf, &str, &str, u64)],
+    extra: &str,
     home: &Path,
     counts: &mut Instructions,
 ) -> Result<bool> {
@@ -421,6 +458,7 @@ fn native(
             &vm::shell_join(&[out.display().to_string()]),
         ));
     }
+    script.push_str(extra);
     script.push_str("exit $status\n");
     let mut cmd = Command::new("sh");
     cmd.args(["-c", &script]).env("EVCHAN_REQUIRE_DEVICE", "1");

@@ -177,11 +177,14 @@ pub fn complete(figures: &[Figure]) -> bool {
             .all(|f| f.baseline().is_some() && f.ours().next().is_some())
 }
 
-/// Callgrind's counts: instructions of `n` operations per `figure/variant`.
+/// Callgrind's counts: instructions of `n` operations per `figure/variant`; and the paired
+/// ratios of the same run (`@paired` lines).
 #[derive(Debug, Default)]
 pub struct Instructions {
     /// (figure short name, variant, operations, instructions; `None` until read).
     found: Vec<(String, String, u64, Option<u64>)>,
+    /// (figure short name, variant, (median, first quartile, third quartile)).
+    paired: Vec<(String, String, (f64, f64, f64))>,
 }
 
 impl Instructions {
@@ -189,7 +192,23 @@ impl Instructions {
     /// `==PID== Collected : COUNT` gives it. A process that forks prints one such line per
     /// process (a child that never enters the measured function: 0): the largest is the count.
     pub fn add_line(&mut self, line: &str) {
-        if let Some(rest) = line.strip_prefix("@@callgrind ") {
+        if let Some(rest) = line.trim().strip_prefix("@paired ") {
+            let field = |k: &str| {
+                rest.split_whitespace()
+                    .find_map(|f| f.strip_prefix(k)?.strip_prefix('='))
+            };
+            let num = |k: &str| field(k).and_then(|v| v.parse::<f64>().ok());
+            if let (Some(fig), Some(var), Some(m), Some(q1), Some(q3)) = (
+                field("figure"),
+                field("variant"),
+                num("median"),
+                num("q1"),
+                num("q3"),
+            ) {
+                self.paired
+                    .push((fig.to_owned(), var.to_owned(), (m, q1, q3)));
+            }
+        } else if let Some(rest) = line.strip_prefix("@@callgrind ") {
             let mut w = rest.split_whitespace();
             if let (Some(name), Some(n)) = (w.next(), w.next().and_then(|n| n.parse().ok())) {
                 if let Some((fig, var)) = name.split_once('/') {
@@ -201,6 +220,15 @@ impl Instructions {
                 last.3 = Some(last.3.map_or(c, |old| old.max(c)));
             }
         }
+    }
+
+    /// The paired ratio of `figure/variant`: (median, first quartile, third quartile).
+    pub fn paired(&self, figure: &str, variant: &str) -> Option<(f64, f64, f64)> {
+        self.paired
+            .iter()
+            .rev()
+            .find(|(f, v, _)| f == figure && v == variant)
+            .map(|p| p.2)
     }
 
     /// Instructions per operation of `figure/variant`.
@@ -219,6 +247,7 @@ struct Row<'a> {
     ours: &'a Series,
     raw: &'a Series,
     instr: Option<(f64, f64)>,
+    paired: Option<(f64, f64, f64)>,
 }
 
 impl Row<'_> {
@@ -230,6 +259,10 @@ impl Row<'_> {
     }
     fn instr_ratio(&self) -> Option<f64> {
         self.instr.map(|(o, r)| o / r)
+    }
+    fn paired_text(&self) -> String {
+        self.paired
+            .map_or("-".into(), |(m, a, b)| format!("{m:.3} ({a:.2}–{b:.2})"))
     }
     fn target(&self) -> Option<f64> {
         TARGETS
@@ -252,6 +285,7 @@ fn rows<'a>(figures: &'a [Figure], counts: &Instructions) -> Vec<Row<'a>> {
                 ours,
                 raw,
                 instr,
+                paired: counts.paired(f.short(), &ours.variant),
             });
         }
     }
@@ -261,13 +295,20 @@ fn rows<'a>(figures: &'a [Figure], counts: &Instructions) -> Vec<Row<'a>> {
 /// The console table.
 pub fn table(figures: &[Figure], counts: &Instructions) -> String {
     let mut out = format!(
-        "{:<36} {:>11} {:>11} {:>7} {:>13} {:>8} {:>7}\n",
-        "benchmark (variant)", "median", "raw median", "ratio", "spread (IQR)", "instr.", "target"
+        "{:<36} {:>11} {:>11} {:>7} {:>13} {:>8} {:>18} {:>7}\n",
+        "benchmark (variant)",
+        "median",
+        "raw median",
+        "ratio",
+        "spread (IQR)",
+        "instr.",
+        "paired (IQR)",
+        "target"
     );
     for r in rows(figures, counts) {
         let _ = writeln!(
             out,
-            "{:<36} {:>11} {:>11} {:>7.3} {:>6.1}%/{:>4.1}% {:>8} {:>7}",
+            "{:<36} {:>11} {:>11} {:>7.3} {:>6.1}%/{:>4.1}% {:>8} {:>18} {:>7}",
             r.name(),
             time(r.ours.median()),
             time(r.raw.median()),
@@ -275,6 +316,7 @@ pub fn table(figures: &[Figure], counts: &Instructions) -> String {
             r.ours.spread() * 100.0,
             r.raw.spread() * 100.0,
             r.instr_ratio().map_or("-".into(), |x| format!("{x:.3}")),
+            r.paired_text(),
             target_text(&r),
         );
     }
@@ -462,11 +504,15 @@ fn generated(run: &Run, figures: &[Figure], counts: &Instructions) -> String {
         "Median: of criterion's per-sample times per iteration. Ratio: ours ÷ the raw-FFI \
          baseline's median, same run. Spread: the interquartile range as a share of the median \
          (ours / baseline's). Instructions: callgrind's count of user-space instructions per \
-         operation, ours ÷ raw (the kernel's are not counted).\n\n",
+         operation, ours ÷ raw (the kernel's are not counted). Paired: ours ÷ raw over pairs of \
+         blocks of operations timed right after each other (`EVCHAN_BENCH_PAIRED`, same boot, \
+         after criterion), the median and, in brackets, the quartiles of the pairs' ratios: a \
+         drift of the machine's speed during the run moves both sides of each pair. The target \
+         column judges criterion's ratio.\n\n",
     );
     s.push_str(
-        "| figure (variant) | median | baseline median | ratio | spread | instructions/op (ours / raw) | instr. ratio | target (time ratio) |\n\
-         |---|---:|---:|---:|---:|---:|---:|---|\n",
+        "| figure (variant) | median | baseline median | ratio | spread | instructions/op (ours / raw) | instr. ratio | paired ratio | target (time ratio) |\n\
+         |---|---:|---:|---:|---:|---:|---:|---:|---|\n",
     );
     for r in rows(figures, counts) {
         let instr = r
@@ -474,7 +520,7 @@ fn generated(run: &Run, figures: &[Figure], counts: &Instructions) -> String {
             .map_or("-".into(), |(o, b)| format!("{o:.0} / {b:.0}"));
         let _ = writeln!(
             s,
-            "| {} | {} | {} | {:.3} | {:.1} % / {:.1} % | {instr} | {} | {} |",
+            "| {} | {} | {} | {:.3} | {:.1} % / {:.1} % | {instr} | {} | {} | {} |",
             r.name(),
             time(r.ours.median()),
             time(r.raw.median()),
@@ -482,6 +528,7 @@ fn generated(run: &Run, figures: &[Figure], counts: &Instructions) -> String {
             r.ours.spread() * 100.0,
             r.raw.spread() * 100.0,
             r.instr_ratio().map_or("-".into(), |x| format!("{x:.3}")),
+            r.paired_text(),
             target_text(&r),
         );
     }
@@ -690,6 +737,16 @@ mod tests {
             counts.add_line(l);
         }
         assert_eq!(counts.per_op("x", "evchan"), Some(150.0));
+        counts
+            .add_line("@paired figure=x variant=evchan block=9 pairs=3 median=1.25 q1=1.1 q3=1.5");
+        counts.add_line("@paired figure=x variant=async block=9 pairs=3 median=oops q1=1 q3=2");
+        assert_eq!(counts.paired("x", "evchan"), Some((1.25, 1.1, 1.5)));
+        assert_eq!(
+            counts.paired("x", "async"),
+            None,
+            "an unreadable line is left out"
+        );
+        assert!(table(std::slice::from_ref(&f), &counts).contains("1.250 (1.10–1.50)"));
         let r = Ratios::of(&[f], &counts);
         assert_eq!(r.0, vec![("g/x (evchan)".into(), 1.5, Some(1.5))]);
     }
