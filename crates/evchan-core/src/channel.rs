@@ -135,6 +135,7 @@ impl EventChannel {
     }
 
     /// One `rdma_get_cm_event` read; `EINTR` retried.
+    #[inline]
     fn read(&self) -> Result<Option<Event<'_>>> {
         match sysfd::retry_eintr(|| self.raw.get_event()) {
             Ok(raw) => Ok(Some(Event::new(raw))),
@@ -180,6 +181,7 @@ impl EventChannel {
     /// # Errors
     /// The OS error of the read.
     #[doc(alias = "rdma_get_cm_event")]
+    #[inline]
     pub fn try_get_event(&self) -> Result<Option<Event<'_>>> {
         self.read()
     }

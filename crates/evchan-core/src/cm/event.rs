@@ -143,6 +143,7 @@ impl<'ch> Event<'ch> {
     /// `rdma_cm_event::event`: the kind.
     #[doc(alias = "event")]
     #[must_use]
+    #[inline]
     pub fn kind(&self) -> EventKind {
         EventKind::from_code(self.raw.code())
     }
@@ -156,6 +157,7 @@ impl<'ch> Event<'ch> {
 
     /// `rdma_cm_event::status` as it came.
     #[must_use]
+    #[inline]
     pub fn raw_status(&self) -> i32 {
         self.raw.status()
     }
@@ -244,6 +246,7 @@ impl<'ch> Event<'ch> {
     /// # }
     /// ```
     #[doc(alias = "rdma_ack_cm_event")]
+    #[inline]
     pub fn ack(self) {
         drop(self);
     }

@@ -103,6 +103,7 @@ const NAMES: [&str; 20] = [
 impl EventKind {
     /// The kind of C code `code`.
     #[must_use]
+    #[inline]
     pub fn from_code(code: u32) -> Self {
         usize::try_from(code)
             .ok()

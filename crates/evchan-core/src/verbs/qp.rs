@@ -414,6 +414,7 @@ impl<'res> Qp<'res> {
 /// The safe owned-buffer send behind [`Qp::post_send`] and
 /// [`CmId::post_send`](crate::CmId::post_send) (and their `_solicited` forms); `qp` is `None`
 /// for an id without a QP from `create_qp_with`.
+#[inline]
 pub(super) fn post_send_on<'pd, B: MrBuffer + 'static>(
     qp: Option<ffi::QpPtr<'_>>,
     mr: Mr<'pd, B>,
@@ -440,6 +441,7 @@ pub(super) fn post_recv_on<'pd, B: MrBuffer + 'static>(
 
 type RawPost<'pd, B> = std::result::Result<ffi::Posted<'pd, B>, (io::Error, ffi::Mr<'pd, B>)>;
 
+#[inline]
 fn post_owned<'q, 'pd, B: MrBuffer + 'static>(
     call: &'static str,
     qp: Option<ffi::QpPtr<'q>>,

@@ -99,17 +99,20 @@ impl<'ch> RawEvent<'ch> {
         }
     }
 
+    #[inline]
     fn get(&self) -> &sys::rdma_cm_event {
         // SAFETY: the event is owned by us until the ack in `drop`.
         unsafe { self.ptr.as_ref() }
     }
 
     /// `rdma_cm_event::event`.
+    #[inline]
     pub(crate) fn code(&self) -> u32 {
         self.get().event
     }
 
     /// `rdma_cm_event::status`.
+    #[inline]
     pub(crate) fn status(&self) -> i32 {
         self.get().status
     }
@@ -225,6 +228,7 @@ unsafe fn is_ud(ev: &sys::rdma_cm_event) -> bool {
 }
 
 impl Drop for RawEvent<'_> {
+    #[inline]
     fn drop(&mut self) {
         // A new id nobody took is destroyed first; its destroy does not wait on this event,
         // which counts against the listener.

@@ -284,6 +284,7 @@ impl QpPtr<'_> {
     /// request's completion has been polled (or the QP is destroyed). Without
     /// `flags.signaled` (and without `sq_sig_all`) no completion comes on success; then until
     /// a later signaled one on the same QP has completed.
+    #[inline]
     pub(crate) unsafe fn post_send(
         &self,
         wr_id: u64,
@@ -352,6 +353,7 @@ impl QpPtr<'_> {
     ///
     /// `B: 'static`: a forgotten [`Posted`] then leaks the buffer instead of freeing memory the
     /// device may still read (a borrowed buffer's borrow would end at the `forget`).
+    #[inline]
     pub(crate) fn post_send_owned<'pd, B: MrBuffer + 'static>(
         &self,
         mr: Mr<'pd, B>,
@@ -390,6 +392,7 @@ impl QpPtr<'_> {
     /// The part both owned posts share: `range` of `mr` checked into one element, a fresh
     /// owned `wr_id` (top bit set), `post` of them, and `mr` kept in the [`Posted`] on success
     /// or given back with the error.
+    #[inline]
     fn post_owned<'pd, B: MrBuffer + 'static>(
         &self,
         mr: Mr<'pd, B>,
@@ -442,6 +445,7 @@ impl SgList {
 
 /// `sges` as the C scatter/gather list of a work request, and its length as `num_sge`
 /// (`EINVAL` past `c_int`).
+#[inline]
 fn c_sg_list(sges: &[Sge]) -> io::Result<(SgList, c_int)> {
     let num_sge =
         c_int::try_from(sges.len()).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
