@@ -145,9 +145,7 @@ fn paired(figure: &str, variant: &str, block: u64, pairs: usize) {
     let readable = rt.block_on(async { channel.readable() }).expect("AsyncFd");
     let n = usize::try_from(block).expect("a block that fits usize");
     support::paired(figure, variant, block, pairs, |v, _| match (figure, v) {
-        ("resolve_addr", "evchan") => support::timed(|| {
-            (0..n).for_each(|_| resolve_cycle(&channel, dst));
-        }),
+        ("resolve_addr", "evchan") => support::timed_block(block, || resolve_cycle(&channel, dst)),
         ("resolve_addr", "async") => support::timed(|| {
             rt.block_on(async {
                 for _ in 0..n {
@@ -155,13 +153,13 @@ fn paired(figure: &str, variant: &str, block: u64, pairs: usize) {
                 }
             });
         }),
-        ("resolve_addr", "raw") => support::timed(|| {
-            (0..n).for_each(|_| raw.resolve_cycle(&mut sin, timeout_ms));
-        }),
+        ("resolve_addr", "raw") => {
+            support::timed_block(block, || raw.resolve_cycle(&mut sin, timeout_ms))
+        }
         ("queued_ack", "evchan") => {
             let ids = queue_evchan(&channel, dst, n);
             support::wait_queued();
-            let took = support::timed(|| (0..n).for_each(|_| drain_one_evchan(&channel)));
+            let took = support::timed_block(block, || drain_one_evchan(&channel));
             drop(ids);
             took
         }
@@ -169,16 +167,14 @@ fn paired(figure: &str, variant: &str, block: u64, pairs: usize) {
             raw.set_nonblocking();
             let ids = raw.queue(&mut sin, timeout_ms, n);
             support::wait_queued();
-            let took = support::timed(|| (0..n).for_each(|_| raw.drain_one()));
+            let took = support::timed_block(block, || raw.drain_one());
             raw.destroy_ids(ids);
             took
         }
-        ("empty_read", "evchan") => support::timed(|| {
-            (0..n).for_each(|_| empty_read_evchan(&channel));
-        }),
+        ("empty_read", "evchan") => support::timed_block(block, || empty_read_evchan(&channel)),
         ("empty_read", "raw") => {
             raw.set_nonblocking();
-            support::timed(|| (0..n).for_each(|_| raw.empty_read()))
+            support::timed_block(block, || raw.empty_read())
         }
         _ => panic!("no operation {figure}/{v} in cm_event"),
     });

@@ -184,8 +184,8 @@ fn paired(figure: &str, variant: &str, block: u64, pairs: usize, safe: &Safe<'_>
             took
         }),
         ("send_completion", "raw") => (0..n).map(|_| raw.round()).sum(),
-        ("poll_empty", "evchan") => support::timed(|| (0..n).for_each(|_| safe.poll_empty())),
-        ("poll_empty", "raw") => support::timed(|| (0..n).for_each(|_| raw.poll_empty())),
+        ("poll_empty", "evchan") => support::timed_block(n, || safe.poll_empty()),
+        ("poll_empty", "raw") => support::timed_block(n, || raw.poll_empty()),
         _ => panic!("no operation {figure}/{v} in cq_event"),
     });
 }

@@ -153,3 +153,16 @@ pub fn timed(f: impl FnOnce()) -> std::time::Duration {
     f();
     start.elapsed()
 }
+
+/// Runs `op` `n` times and returns the time it took. Never inlined, so that each figure's
+/// timed loop is compiled on its own, as criterion's `iter` closure is, whatever else the
+/// caller holds (an inlined tight loop, e.g. the empty poll's, was compiled differently inside
+/// the paired mode's large closure than in criterion's).
+#[inline(never)]
+pub fn timed_block(n: u64, mut op: impl FnMut()) -> std::time::Duration {
+    let start = std::time::Instant::now();
+    for _ in 0..n {
+        op();
+    }
+    start.elapsed()
+}
