@@ -239,7 +239,6 @@ impl Bystander {
     }
 }
 
-/// A fresh well-behaved client connects and exchanges 3 messages.
 /// The end of an attack on one connection, whose hostile side is gone: the bystander still
 /// exchanges, the hostile connection's QP is released (the bystander's two remain), a fresh
 /// client is served; then the bystander finishes and the server stops.
@@ -251,6 +250,7 @@ async fn served_on(server: Server, bystander: Bystander, addr: SocketAddr) {
     server.task.abort();
 }
 
+/// A fresh well-behaved client connects and exchanges 3 messages.
 async fn fresh_client_served(addr: SocketAddr) {
     let mut conn = good_client(addr).await;
     for i in 0..3 {
