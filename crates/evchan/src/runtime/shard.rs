@@ -1145,7 +1145,7 @@ impl<'s, 'c> Shard<'s, 'c> {
     /// Reads the completion channel of device `d` until it is empty (`EAGAIN`), before its
     /// readiness is cleared: an edge is never lost. (Its one CQ notifies once per arm, so
     /// there is one event in the common case; the last read, which finds the channel empty,
-    /// costs a `poll`, and is kept rather than trusting that count.)
+    /// costs a `read` that returns `EAGAIN`, and is kept rather than trusting that count.)
     fn drain_cq_events(&mut self, d: usize) {
         let cq = &self.env.cqs[d];
         loop {
