@@ -32,7 +32,7 @@ use crate::ffi::cm::RawChannel;
 /// ([`try_get_event`](Self::try_get_event)) or with a timeout
 /// ([`get_event_timeout`](Self::get_event_timeout)). The descriptor that [`AsFd`] gives can be
 /// polled with `poll`/`epoll` or registered with a reactor; readiness is edge-like in practice,
-/// so after a wake-up read until `Ok(None)`. With tokio, [`readable`](Self::readable) registers
+/// so after a wake-up read until `Ok(None)`. With tokio, `readable` (feature `tokio`) registers
 /// the channel directly.
 ///
 /// No read waits inside `rdma_get_cm_event` for an event to come; the waiting reads wait in

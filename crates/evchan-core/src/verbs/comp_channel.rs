@@ -30,7 +30,7 @@ use super::{Context, Cq, CqEvent, CqId, Error, Result, WorkCompletion};
 /// a readiness proxy (an epoll instance watching it, readable exactly while an event is
 /// queued). The channel's own descriptor is `O_NONBLOCK` from creation and never leaves evchan,
 /// so a dup of the proxy changes only the proxy's flags and cannot read events (`EINVAL`).
-/// With tokio, [`readable`](Self::readable) registers the channel's own descriptor directly.
+/// With tokio, `readable` (feature `tokio`) registers the channel's own descriptor directly.
 ///
 /// # Example
 ///
