@@ -38,3 +38,14 @@ pub mod fuzzing;
 #[cfg(feature = "tokio")]
 pub(crate) mod tokio_fd;
 pub(crate) mod verbs;
+
+use std::io;
+use std::os::fd::{BorrowedFd, OwnedFd};
+
+/// Keeps a channel's own descriptor `fd` to the crate (`cm`'s module docs, "Readers and
+/// destroys"; the completion channel does the same): sets it `O_NONBLOCK`, once, and returns
+/// the readiness proxy that the public API hands out in its place.
+pub(crate) fn seal(fd: BorrowedFd<'_>) -> io::Result<OwnedFd> {
+    evchan_sys::fd::set_nonblocking(fd, true)?;
+    evchan_sys::fd::readiness_proxy(fd)
+}

@@ -124,8 +124,7 @@ impl RawChannel {
         let raw_fd = unsafe { (*ptr.as_ptr()).fd };
         // SAFETY: the channel's fd is open until the channel is destroyed, after this borrow.
         let fd = unsafe { BorrowedFd::borrow_raw(raw_fd) };
-        let proxy = sys::fd::set_nonblocking(fd, true).and_then(|()| sys::fd::readiness_proxy(fd));
-        match proxy {
+        match super::seal(fd) {
             Ok(proxy) => Ok(Self {
                 ptr,
                 proxy,

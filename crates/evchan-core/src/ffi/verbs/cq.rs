@@ -44,7 +44,7 @@ impl<'ctx> CompChannel<'ctx> {
         let raw_fd = unsafe { (*ptr.as_ptr()).fd };
         // SAFETY: the channel's fd is open until the channel is destroyed, after this borrow.
         let fd = unsafe { BorrowedFd::borrow_raw(raw_fd) };
-        match sys::fd::set_nonblocking(fd, true).and_then(|()| sys::fd::readiness_proxy(fd)) {
+        match crate::ffi::seal(fd) {
             Ok(proxy) => Ok(CompChannel {
                 ptr,
                 proxy,
