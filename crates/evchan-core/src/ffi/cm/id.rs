@@ -8,7 +8,7 @@ use std::marker::PhantomData;
 use std::mem::ManuallyDrop;
 use std::net::SocketAddr;
 use std::ptr::{self, NonNull};
-use std::sync::atomic::{AtomicPtr, Ordering};
+use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use evchan_sys as sys;
@@ -20,6 +20,11 @@ use crate::ffi::verbs::{check_same_context, ContextRef, Cq, Pd, PdRef, QpCaps, Q
 /// The shared record of one C id: see the module docs.
 pub(crate) struct IdInner {
     raw: NonNull<sys::rdma_cm_id>,
+    /// The claims on the C id: one for the owner ([`Id`]) while it lives, plus one per event
+    /// read for the id (counted against it) and not acked yet. Atomic, so that counting an
+    /// event and acking it take no lock; only the drop of the last claim (or of an owner with a
+    /// QP on the caller's PD and CQs) goes on to the gate and `state` (see [`Self::release`]).
+    claims: AtomicUsize,
     state: Mutex<IdState>,
 }
 
@@ -29,10 +34,6 @@ struct IdState {
     /// and destroys"). Changed only by a migrate, which needs the owner and no pending event,
     /// so never while a destroy may read it.
     gate: Gate,
-    /// Events read for this id (counted against it) and not acked yet.
-    pending: usize,
-    /// The owner (`Id`) is gone.
-    released: bool,
     /// `rdma_destroy_id` has been called (or is running).
     destroyed: bool,
     /// `rdma_create_qp` succeeded with library-made CQs: the QP goes with the id.
@@ -50,7 +51,8 @@ struct IdState {
 // issues the calls, and the destroy runs exactly once, from whichever thread takes the
 // `destroyed` flag under the mutex.
 unsafe impl Send for IdInner {}
-// SAFETY: shared access only reads the pointer value or goes through the mutex.
+// SAFETY: shared access only reads the pointer value, counts atomically, or goes through the
+// mutex.
 unsafe impl Sync for IdInner {}
 
 impl IdInner {
@@ -58,7 +60,7 @@ impl IdInner {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Called with the gate held exclusively and `destroyed` just set: no reader is inside
+    /// Called with the gate held and `destroyed` just set: no reader is inside
     /// `rdma_get_cm_event` with an event of the id, and none counted against it is pending.
     fn destroy(&self, has_qp: bool, groups: Vec<SocketAddr>) {
         for group in groups {
@@ -78,13 +80,22 @@ impl IdInner {
         let _ = unsafe { sys::rdma_destroy_id(self.raw.as_ptr()) };
     }
 
-    /// Counts one more event read for the id and not acked.
+    /// Counts one more event read for the id and not acked. Called with the channel's gate
+    /// held (`RawChannel::get_event`), so never while a destroy decides (`release`).
+    #[inline]
     pub(super) fn add_pending(&self) {
-        self.lock().pending += 1;
+        // Relaxed, as `Arc::clone`: whatever decides from the count (`release_slow`, a migrate,
+        // a leave) reads it under the gate, which the caller holds now, so after this.
+        self.claims.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Events counted against the id and not acked yet, while its owner lives.
+    fn pending(&self) -> usize {
+        self.claims.load(Ordering::Acquire).saturating_sub(1)
     }
 
     /// `rdma_destroy_qp` of a QP made by [`Id::create_qp_with`], and `pd` put back to
-    /// librdmacm's. Called with the gate held exclusively and the state locked, so no reader
+    /// librdmacm's. Called with the gate held and the state locked, so no reader
     /// touches the QP and no destroy of the id runs meanwhile.
     fn destroy_user_qp(&self, lib_pd: *mut sys::ibv_pd) {
         // SAFETY: the id is live (its owner is being dropped, so `destroyed` is false) and has
@@ -108,24 +119,30 @@ impl IdInner {
     /// RTS; REJECTED: ERROR), before the event comes back and is counted here; `Id` being
     /// `!Sync` and the deferral to the last ack do not cover that window, since the event is
     /// not counted yet. So whatever is destroyed here is destroyed with the channel's gate held
-    /// exclusively (parent module docs): readers already inside finish and count their event
+    /// (parent module docs): readers already inside finish and count their event
     /// first (bounded: the fd is non-blocking, nobody waits inside for an event to come), later
     /// readers wait, and the decision to destroy now or defer is taken after that, from the
     /// count.
+    ///
+    /// The claim itself is dropped without a lock: only the drop that takes the count to zero
+    /// (or an owner's with a QP to destroy) goes on. A count at zero can rise again before that
+    /// drop gets the gate (a reader counts a late event of the id); the check under the gate
+    /// then leaves the destroy to that event's ack, whose drop takes the count to zero again.
+    /// Two drops that both went on are told apart by `destroyed`.
+    #[inline]
     pub(super) fn release(&self, owner: bool) {
-        let mut st = self.lock();
-        if owner {
-            st.released = true;
-        } else {
-            st.pending -= 1;
+        // AcqRel, as `Arc`'s drop: every use of the id before a claim's drop happens before the
+        // destroy that follows the last one.
+        let last = self.claims.fetch_sub(1, Ordering::AcqRel) == 1;
+        if last || (owner && self.lock().user_qp.is_some()) {
+            self.release_slow(owner);
         }
-        let may_destroy = (owner && st.user_qp.is_some()) || (st.released && st.pending == 0);
-        if !may_destroy || st.destroyed {
-            return;
-        }
-        let gate = Arc::clone(&st.gate);
-        drop(st);
-        let _no_reader = gate.write().unwrap_or_else(PoisonError::into_inner);
+    }
+
+    #[cold]
+    fn release_slow(&self, owner: bool) {
+        let gate = Arc::clone(&self.lock().gate);
+        let _no_reader = gate.lock().unwrap_or_else(PoisonError::into_inner);
         let mut st = self.lock();
         if owner {
             if let Some(lib_pd) = st.user_qp.take() {
@@ -135,7 +152,7 @@ impl IdInner {
         // A reader may have counted another event while we waited for the gate: then the
         // destroy is that event's ack's. A QP on the caller's PD and CQs goes first, by the
         // owner's claim: a last ack that gets the gate before the owner leaves the id to it.
-        let go = st.released && st.pending == 0 && !st.destroyed && st.user_qp.is_none();
+        let go = self.claims.load(Ordering::Acquire) == 0 && !st.destroyed && st.user_qp.is_none();
         if go {
             st.destroyed = true;
         }
@@ -170,7 +187,7 @@ unsafe fn context_of<'a>(id: *mut sys::rdma_cm_id) -> &'a AtomicPtr<c_void> {
 
 /// Clones the record `id` points to through its `context`.
 ///
-/// # The adoption race, closed by the channel's read lock
+/// # The adoption race, closed by the channel's gate
 ///
 /// librdmacm gives the new id of a `CONNECT_REQUEST` its *listener's* `context`;
 /// [`Id::adopt`], run by the reader of the request before `RawChannel::get_event` returns,
@@ -191,7 +208,7 @@ unsafe fn context_of<'a>(id: *mut sys::rdma_cm_id) -> &'a AtomicPtr<c_void> {
 /// # Safety
 ///
 /// `id` is NULL or a live C id that was returned in an event read just now and not yet acked,
-/// by a reader holding its channel's read lock; its `context` is NULL or points to a live
+/// by a reader holding its channel's gate; its `context` is NULL or points to a live
 /// `IdInner` owned by an `Arc` (the module protocol).
 pub(super) unsafe fn record_of(id: *mut sys::rdma_cm_id) -> Option<Arc<IdInner>> {
     if id.is_null() {
@@ -227,6 +244,7 @@ impl std::fmt::Debug for Id<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Id")
             .field("raw", &self.inner.raw)
+            .field("claims", &self.inner.claims)
             .field("state", &*self.inner.lock())
             .finish()
     }
@@ -298,10 +316,9 @@ impl<'ch> Id<'ch> {
     pub(super) unsafe fn adopt(raw: NonNull<sys::rdma_cm_id>, gate: &Gate) -> Self {
         let inner = Arc::new(IdInner {
             raw,
+            claims: AtomicUsize::new(1),
             state: Mutex::new(IdState {
                 gate: Arc::clone(gate),
-                pending: 0,
-                released: false,
                 destroyed: false,
                 has_qp: false,
                 user_qp: None,
@@ -324,18 +341,18 @@ impl<'ch> Id<'ch> {
         self.inner.raw.as_ptr()
     }
 
-    /// Runs `f` on the C id with the channel's gate held exclusively, for reading the fields
+    /// Runs `f` on the C id with the channel's gate held, for reading the fields
     /// that librdmacm rewrites *inside* `rdma_get_cm_event` while it processes one of the id's
     /// events: `route` (addresses, path records), `verbs`, `pd` and `port_num`
     /// (`ucma_query_addr` / `ucma_query_route` for `ADDR_RESOLVED` and `ROUTE_RESOLVED`). A
     /// reader on another thread may be doing that right now (channels are `Sync`, ids `Send`),
     /// so reading those fields without the gate would be a data race with C's writes. With
     /// the gate no reader is inside the call (parent module docs: "Readers and destroys"); it
-    /// is held only for the read. Never called with the gate held (only `get_event` holds it
-    /// shared, and it reads no id through here).
+    /// is held only for the read. Never called with the gate held (only `get_event` holds it,
+    /// and it reads no id through here).
     fn read_locked<T>(&self, f: impl FnOnce(*const sys::rdma_cm_id) -> T) -> T {
         let gate = Arc::clone(&self.inner.lock().gate);
-        let _no_reader = gate.write().unwrap_or_else(PoisonError::into_inner);
+        let _no_reader = gate.lock().unwrap_or_else(PoisonError::into_inner);
         f(self.raw())
     }
 
@@ -346,7 +363,7 @@ impl<'ch> Id<'ch> {
 
     /// Events counted against this id and not acked yet.
     pub(crate) fn pending(&self) -> usize {
-        self.inner.lock().pending
+        self.inner.pending()
     }
 
     pub(crate) fn port_space(&self) -> u32 {
@@ -521,18 +538,18 @@ impl<'ch> Id<'ch> {
     /// unacked (the call waits for the acks of the group's events); `EADDRNOTAVAIL` for a group
     /// not joined.
     ///
-    /// Decided and done with the channel's gate held exclusively, as a migrate: otherwise a
+    /// Decided and done with the channel's gate held, as a migrate: otherwise a
     /// reader on another thread could read (and count) an event of the group between the check
     /// and the call, and the call would then wait for its ack — forever, if that event is
     /// handed to this very thread. The kernel counts an event against the group only once it
     /// has been read, so with no reader inside `rdma_get_cm_event` the call never waits.
     pub(crate) fn leave_multicast(&self, group: SocketAddr) -> io::Result<()> {
         let gate = Arc::clone(&self.inner.lock().gate);
-        let _no_reader = gate.write().unwrap_or_else(PoisonError::into_inner);
-        let mut st = self.inner.lock();
-        if st.pending > 0 {
+        let _no_reader = gate.lock().unwrap_or_else(PoisonError::into_inner);
+        if self.inner.pending() > 0 {
             return Err(io::Error::from_raw_os_error(libc::EBUSY));
         }
+        let mut st = self.inner.lock();
         let Some(i) = st.groups.iter().position(|g| *g == group) else {
             return Err(io::Error::from_raw_os_error(libc::EADDRNOTAVAIL));
         };
@@ -591,15 +608,12 @@ impl<'ch> Id<'ch> {
     /// the id has a QP on the caller's PD and CQs: those are borrowed for `'ch`, which the
     /// migrated id would no longer carry.
     ///
-    /// Decided and done with the old channel's gate held exclusively, as a destroy (see
+    /// Decided and done with the old channel's gate held, as a destroy (see
     /// [`IdInner::release`]): no event of the id is read and not yet counted meanwhile.
     pub(crate) fn migrate<'to>(self, to: &'to RawChannel) -> Result<Id<'to>, (Self, io::Error)> {
         let gate = Arc::clone(&self.inner.lock().gate);
-        let no_reader = gate.write().unwrap_or_else(PoisonError::into_inner);
-        let busy = {
-            let st = self.inner.lock();
-            st.pending > 0 || st.user_qp.is_some()
-        };
+        let no_reader = gate.lock().unwrap_or_else(PoisonError::into_inner);
+        let busy = self.inner.pending() > 0 || self.inner.lock().user_qp.is_some();
         if busy {
             drop(no_reader);
             return Err((self, io::Error::from_raw_os_error(libc::EBUSY)));

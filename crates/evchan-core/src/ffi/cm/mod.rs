@@ -35,10 +35,10 @@
 //! freed, and `rdma_destroy_id` could wait for the ack of an event that reader is about to
 //! hand to the very thread that is blocked in the destroy.
 //!
-//! So each channel has a gate (a read-write lock, [`Gate`]): every reader holds it shared from
-//! before `rdma_get_cm_event` until the event is counted ([`RawChannel::get_event`]), and every
-//! destroy of an id or its QP, and every migrate, holds it exclusively and only then decides,
-//! from the pending count, whether to act now or defer to the last ack (`id::IdInner::release`).
+//! So each channel has a gate (a mutex, [`Gate`]): every reader holds it from before
+//! `rdma_get_cm_event` until the event is counted ([`RawChannel::get_event`]), and every
+//! destroy of an id or its QP, and every migrate, holds it too and only then decides, from the
+//! pending count, whether to act now or defer to the last ack (`id::IdInner::release`).
 //! A reader never waits inside the call for an event to come — waiting is done by `poll` outside
 //! the gate — so a destroy waits at most for readers that are already processing an event,
 //! never for the next event to arrive. That must hold whatever anyone else does with the
@@ -48,10 +48,10 @@
 //! file. Safe code can dup the proxy and change the proxy's flags, but it can neither change
 //! the channel file's flags nor read the channel's events through it, so every read here is
 //! one `rdma_get_cm_event` on a non-blocking file: it returns an event or `EAGAIN`, and so do
-//! librdmacm's own retries inside the call (after it discards an event). Reads on one channel
-//! are still serialised (a mutex beside the gate), for the accounting below.
+//! librdmacm's own retries inside the call (after it discards an event).
 //!
-//! The serialisation also makes the accounting exact: a `CONNECT_REQUEST`'s new id is adopted
+//! The gate being a mutex, reads on one channel are serialised too, which makes the accounting
+//! exact: a `CONNECT_REQUEST`'s new id is adopted
 //! (its `context` re-pointed at its own record) by the reader of the request before the next
 //! read of the channel starts, so no event of the new id can be read before that (see
 //! `id::record_of`).
@@ -67,7 +67,7 @@ use std::ffi::c_int;
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::ptr::{self, NonNull};
-use std::sync::{Arc, Mutex, PoisonError, RwLock};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use evchan_sys as sys;
 
@@ -86,10 +86,10 @@ pub(crate) mod code {
     pub(crate) const MULTICAST_ERROR: u32 = 13;
 }
 
-/// A channel's reader gate (see the module docs): held shared by a reader from before
-/// `rdma_get_cm_event` until its event is counted, exclusively by a destroy or migrate of an id
-/// of the channel.
-pub(crate) type Gate = Arc<RwLock<()>>;
+/// A channel's gate (see the module docs): held by a reader from before `rdma_get_cm_event`
+/// until its event is counted (and, for a `CONNECT_REQUEST`, its new id adopted), and by a
+/// destroy or migrate of an id of the channel.
+pub(crate) type Gate = Arc<Mutex<()>>;
 
 /// An owned `struct rdma_event_channel`, with its fd set `O_NONBLOCK`, and the readiness proxy
 /// of that fd that the public API hands out (module docs).
@@ -99,9 +99,6 @@ pub(crate) struct RawChannel {
     /// is dropped first.
     proxy: OwnedFd,
     gate: Gate,
-    /// Serialises the reads (module docs): held from before the read until the event is
-    /// counted and, for a `CONNECT_REQUEST`, its new id adopted.
-    reads: Mutex<()>,
 }
 
 // SAFETY: a channel is a file descriptor plus librdmacm bookkeeping that is internally locked:
@@ -129,7 +126,6 @@ impl RawChannel {
                 ptr,
                 proxy,
                 gate: Gate::default(),
-                reads: Mutex::new(()),
             }),
             Err(e) => {
                 // SAFETY: created above, not shared, destroyed once.
@@ -163,13 +159,11 @@ impl RawChannel {
     /// none is queued: the channel's file is non-blocking and nobody else can change that;
     /// module docs). `EINTR` and `EAGAIN` come back as errors for the caller to handle.
     ///
-    /// The read lock, then the gate, are held until the event is counted against its id
-    /// (module docs). Nothing holds the gate while waiting for the read lock (destroys and
-    /// migrates never take it), so the order cannot deadlock.
+    /// The gate is held until the event is counted against its id (module docs); nothing in
+    /// between takes it again (a `CONNECT_REQUEST`'s new id is adopted without it).
     #[inline]
     pub(crate) fn get_event(&self) -> io::Result<RawEvent<'_>> {
-        let _serial = self.reads.lock().unwrap_or_else(PoisonError::into_inner);
-        let _reading = self.gate.read().unwrap_or_else(PoisonError::into_inner);
+        let _reading = self.gate.lock().unwrap_or_else(PoisonError::into_inner);
         let mut event = ptr::null_mut();
         // SAFETY: `ptr` is a live channel and `event` a valid out-pointer.
         sys::cvt(unsafe { sys::rdma_get_cm_event(self.ptr.as_ptr(), &mut event) })?;
