@@ -1,6 +1,8 @@
 //! Device tests of what a hostile reading of evchan-core found (issue 7): waits that stay
 //! bounded when safe code clears `O_NONBLOCK` through a dup of a channel's descriptor (the
-//! readiness proxy the channels hand out, through which no event can be read either), a
+//! readiness proxy the channels hand out, through which no event can be read either), the
+//! proxy's one documented limit (a descriptor added to it through a dup: spurious readiness
+//! only), a
 //! foreign PD's memory region refused by the owned posts, a listening id that
 //! cannot be migrated away from a queued `CONNECT_REQUEST`, and a server that makes its PD and
 //! CQs before it listens and accepts on them.
@@ -159,6 +161,109 @@ fn the_cm_descriptor_handed_out_can_neither_take_events_nor_make_reads_wait() {
     });
     assert!(empty);
     drop(id);
+}
+
+/// Registers a descriptor that stays readable (a socket with a byte queued) with the epoll
+/// instance behind `proxy`, through a dup of it, as safe code can (rustix's or nix's epoll
+/// wrappers take any `AsFd`). Returns the socket pair, which must outlive the check.
+#[allow(unsafe_code)]
+fn add_a_readable_fd_through_a_dup(
+    proxy: std::os::fd::BorrowedFd<'_>,
+) -> (
+    std::os::unix::net::UnixStream,
+    std::os::unix::net::UnixStream,
+) {
+    use std::io::Write;
+    let (mut a, b) = std::os::unix::net::UnixStream::pair().unwrap();
+    a.write_all(&[1]).unwrap();
+    let dup = proxy.try_clone_to_owned().expect("dup");
+    let mut ev = libc::epoll_event {
+        events: libc::EPOLLIN as u32,
+        u64: 0,
+    };
+    // SAFETY: both descriptors are open for the call; `ev` is a valid epoll_event.
+    let rc =
+        unsafe { libc::epoll_ctl(dup.as_raw_fd(), libc::EPOLL_CTL_ADD, b.as_raw_fd(), &mut ev) };
+    assert_eq!(
+        rc,
+        0,
+        "epoll_ctl through the dup: {}",
+        std::io::Error::last_os_error()
+    );
+    (a, b)
+}
+
+/// The documented limit of the readiness proxy, attacked: a descriptor added to its epoll
+/// instance through a dup makes the proxy report readiness the channel does not have; the
+/// channel's own reads and waits are unaffected (no wait, no early return, events still come).
+#[test]
+fn a_descriptor_added_to_the_cm_proxy_gives_only_spurious_readiness() {
+    require_device!();
+    let channel = EventChannel::new().unwrap();
+    let _pair = add_a_readable_fd_through_a_dup(channel.as_fd());
+    assert!(
+        evchan_sys::fd::poll_readable(channel.as_fd(), Some(Duration::ZERO)).unwrap(),
+        "the proxy reports the foreign descriptor's readiness"
+    );
+    let empty = within(PROMPT, "try_get_event on an empty channel", || {
+        channel.try_get_event().unwrap().is_none()
+    });
+    assert!(empty);
+    let start = Instant::now();
+    let got = within(
+        PROMPT,
+        "get_event_timeout(300 ms) on an idle channel",
+        || {
+            channel
+                .get_event_timeout(Duration::from_millis(300))
+                .unwrap()
+                .is_some()
+        },
+    );
+    assert!(!got);
+    assert!(
+        start.elapsed() >= Duration::from_millis(300),
+        "no early None: the wait lasts its timeout"
+    );
+    let id = CmId::new(&channel, PortSpace::Tcp)
+        .unwrap()
+        .resolve_addr(None, v4(port(8)), RESOLVE_TIMEOUT)
+        .unwrap();
+    let ev = within(EVENT_TIMEOUT, "get_event of ADDR_RESOLVED", || {
+        channel.get_event().unwrap()
+    });
+    assert_eq!(ev.kind(), EventKind::AddrResolved);
+    let id = id.addr_resolved(&ev).unwrap();
+    ev.ack();
+    drop(id);
+}
+
+#[test]
+fn a_descriptor_added_to_the_comp_proxy_gives_only_spurious_readiness() {
+    require_device!();
+    let ctx = open_device();
+    let comp = CompChannel::new(&ctx).unwrap();
+    let cq = Cq::new(&comp, 16).unwrap();
+    let _pair = add_a_readable_fd_through_a_dup(comp.fd());
+    assert!(
+        evchan_sys::fd::poll_readable(comp.fd(), Some(Duration::ZERO)).unwrap(),
+        "the proxy reports the foreign descriptor's readiness"
+    );
+    let none = within(PROMPT, "try_get_cq_event", || {
+        comp.try_get_cq_event(&[&cq]).unwrap().is_none()
+    });
+    assert!(none);
+    let start = Instant::now();
+    let none = within(PROMPT, "get_cq_event_timeout(300 ms)", || {
+        comp.get_cq_event_timeout(&[&cq], Duration::from_millis(300))
+            .unwrap()
+            .is_none()
+    });
+    assert!(none);
+    assert!(
+        start.elapsed() >= Duration::from_millis(300),
+        "no early None: the wait lasts its timeout"
+    );
 }
 
 #[test]
