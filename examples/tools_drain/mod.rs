@@ -98,6 +98,51 @@ impl SchedStat {
     }
 }
 
+/// Thread `t`'s share of `n` units split over `threads` threads.
+fn share(n: usize, threads: usize, t: usize) -> usize {
+    n / threads + usize::from(t < n % threads)
+}
+
+/// The rounds of all threads folded: a round lasts from its first thread's start to its last
+/// thread's end; waits and scheduler figures are summed over threads and rounds.
+#[derive(Debug)]
+struct Rounds {
+    wall: Duration,
+    fastest: Duration,
+    slowest: Duration,
+    waits: usize,
+    sched: SchedStat,
+}
+
+impl Rounds {
+    /// Folds `rounds` rounds of every thread's list (each at least that long).
+    fn fold(threads: &[Vec<DrainRound>], rounds: usize) -> Result<Self, String> {
+        let mut all = Self {
+            wall: Duration::ZERO,
+            fastest: Duration::MAX,
+            slowest: Duration::ZERO,
+            waits: 0,
+            sched: SchedStat::default(),
+        };
+        for round in 0..rounds {
+            let of =
+                |pick: fn(&DrainRound) -> Instant| threads.iter().map(move |t| pick(&t[round]));
+            let start = of(|r| r.start).min().ok_or("no thread")?;
+            let end = of(|r| r.end).max().ok_or("no thread")?;
+            let took = end.saturating_duration_since(start);
+            all.wall += took;
+            all.fastest = all.fastest.min(took);
+            all.slowest = all.slowest.max(took);
+            for t in threads {
+                all.waits += t[round].waits;
+                all.sched.on_cpu += t[round].sched.on_cpu;
+                all.sched.runnable += t[round].sched.runnable;
+            }
+        }
+        Ok(all)
+    }
+}
+
 /// The `drain` layer (see the file's doc).
 pub(crate) fn drain(
     addr: SocketAddr,
@@ -113,7 +158,7 @@ pub(crate) fn drain(
     let per_thread: Vec<Result<Vec<DrainRound>, String>> = std::thread::scope(|s| {
         let threads: Vec<_> = (0..channels)
             .map(|t| {
-                let share = n / channels + usize::from(t < n % channels);
+                let share = share(n, channels, t);
                 let (barrier, failed) = (&barrier, &failed);
                 s.spawn(move || drain_thread(addr, share, rounds, barrier, failed))
             })
@@ -130,23 +175,13 @@ pub(crate) fn drain(
     for (t, r) in per_thread.into_iter().enumerate() {
         threads.push(r.map_err(|e| format!("drain thread {t}: {e}"))?);
     }
-    let (mut wall, mut waits) = (Duration::ZERO, 0usize);
-    let (mut on_cpu, mut runnable) = (Duration::ZERO, Duration::ZERO);
-    let (mut fastest, mut slowest) = (Duration::MAX, Duration::ZERO);
-    for round in 0..rounds {
-        let of = |pick: fn(&DrainRound) -> Instant| threads.iter().map(move |t| pick(&t[round]));
-        let start = of(|r| r.start).min().ok_or("no thread")?;
-        let end = of(|r| r.end).max().ok_or("no thread")?;
-        let took = end.saturating_duration_since(start);
-        wall += took;
-        fastest = fastest.min(took);
-        slowest = slowest.max(took);
-        for t in &threads {
-            waits += t[round].waits;
-            on_cpu += t[round].sched.on_cpu;
-            runnable += t[round].sched.runnable;
-        }
-    }
+    let Rounds {
+        wall,
+        fastest,
+        slowest,
+        waits,
+        sched,
+    } = Rounds::fold(&threads, rounds)?;
     let events = n * rounds;
     emit(
         "events",
@@ -164,8 +199,8 @@ pub(crate) fn drain(
                 format!("{:.1}", events as f64 / wall.as_secs_f64()),
             ),
             ("waits", waits.to_string()),
-            ("cpu_s", format!("{:.4}", on_cpu.as_secs_f64())),
-            ("runq_s", format!("{:.4}", runnable.as_secs_f64())),
+            ("cpu_s", format!("{:.4}", sched.on_cpu.as_secs_f64())),
+            ("runq_s", format!("{:.4}", sched.runnable.as_secs_f64())),
         ],
     );
     Ok(())
@@ -343,10 +378,10 @@ const SPIN_STEPS: u32 = 8000;
 /// The `spin` layer (see the file's doc). It cannot fail.
 pub(crate) fn spin(channels: usize, n: usize, rounds: usize) {
     let barrier = std::sync::Barrier::new(channels);
-    let per_thread: Vec<Vec<(Instant, Instant, SchedStat)>> = std::thread::scope(|s| {
+    let per_thread: Vec<Vec<DrainRound>> = std::thread::scope(|s| {
         let threads: Vec<_> = (0..channels)
             .map(|t| {
-                let share = n / channels + usize::from(t < n % channels);
+                let share = share(n, channels, t);
                 let barrier = &barrier;
                 s.spawn(move || {
                     let mut state = 0x9E37_79B9_7F4A_7C15u64 ^ t as u64;
@@ -367,7 +402,12 @@ pub(crate) fn spin(channels: usize, n: usize, rounds: usize) {
                             let end = Instant::now();
                             let sched = SchedStat::now().since(sched);
                             barrier.wait();
-                            (start, end, sched)
+                            DrainRound {
+                                start,
+                                end,
+                                waits: 0,
+                                sched,
+                            }
                         })
                         .collect();
                     timed.remove(0);
@@ -383,18 +423,9 @@ pub(crate) fn spin(channels: usize, n: usize, rounds: usize) {
             })
             .collect()
     });
-    let (mut wall, mut on_cpu, mut runnable) = (Duration::ZERO, Duration::ZERO, Duration::ZERO);
-    for round in 0..rounds {
-        let start = per_thread.iter().map(|t| t[round].0).min();
-        let end = per_thread.iter().map(|t| t[round].1).max();
-        if let (Some(start), Some(end)) = (start, end) {
-            wall += end.saturating_duration_since(start);
-        }
-        for t in &per_thread {
-            on_cpu += t[round].2.on_cpu;
-            runnable += t[round].2.runnable;
-        }
-    }
+    let Ok(Rounds { wall, sched, .. }) = Rounds::fold(&per_thread, rounds) else {
+        fail(PROGRAM, "no spin thread")
+    };
     let units = n * rounds;
     emit(
         "events",
@@ -409,8 +440,8 @@ pub(crate) fn spin(channels: usize, n: usize, rounds: usize) {
                 "units_per_s",
                 format!("{:.1}", units as f64 / wall.as_secs_f64()),
             ),
-            ("cpu_s", format!("{:.4}", on_cpu.as_secs_f64())),
-            ("runq_s", format!("{:.4}", runnable.as_secs_f64())),
+            ("cpu_s", format!("{:.4}", sched.on_cpu.as_secs_f64())),
+            ("runq_s", format!("{:.4}", sched.runnable.as_secs_f64())),
         ],
     );
 }
