@@ -205,9 +205,10 @@ impl Config {
     /// a shard of their own. When that runtime shuts down, the shard is dropped with it:
     /// everything of its connections and listeners is released, and their handles fail with
     /// [`Lost::Shutdown`](crate::Lost::Shutdown). With [`busy_poll`](Self::busy_poll), see
-    /// there. A removed device is seen through rdma_cm's `DEVICE_REMOVAL` event, or when a
-    /// thread-driven runtime of the process sees it, not through a watch of the device's verbs
-    /// node of its own (see `docs/RELIABILITY.md`). Off by default.
+    /// there. A removed device is seen as by a runtime thread (its verbs node gone, looked for
+    /// every 50 ms by a second task on the same runtime; or rdma_cm's `DEVICE_REMOVAL`): the
+    /// handles fail with [`Lost::DeviceRemoved`](crate::Lost::DeviceRemoved) (see
+    /// `docs/RELIABILITY.md`). Off by default.
     ///
     /// ```
     /// # async fn f() -> Result<(), evchan::Error> {

@@ -23,8 +23,13 @@
 //! above); it completes once the process has exited. The test asserts both, so that a
 //! librdmacm that changes this is noticed.
 //!
+//! `device_removed_under_an_in_task_runtime_alone`: the first test's removal with only in-task
+//! runtimes (`Config::in_task`) in the process, so no runtime thread watches the device node
+//! for them: a pending `recv`, then `send` and `accept` return `DeviceRemoved`, and
+//! `rdma link delete` completes.
+//!
 //! The parent restores `rxe0` whatever happens (like evchan-core's `device_removal` test). The
-//! two tests take turns (they take the device away); this binary holds nothing else.
+//! three tests take turns (they take the device away); this binary holds nothing else.
 
 mod support;
 
@@ -44,7 +49,7 @@ const SPARE_NETDEV: &str = "dummy1";
 /// How long `rdma link delete` of the last device is watched to stay blocked.
 const BLOCKED_FOR: Duration = Duration::from_secs(3);
 
-/// The two tests take the device away in turn.
+/// The tests take the device away in turn.
 static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
 /// How long `rdma link delete` may take before the test fails.
 const DELETE_DEADLINE: Duration = Duration::from_secs(60);
@@ -129,9 +134,22 @@ fn have_rxe0() -> bool {
 
 #[test]
 fn device_removed_under_live_connections() {
-    const TEST: &str = "device_removed_under_live_connections";
-    if tool::is_child(TEST) {
-        return block_on(child());
+    with_spare_in_child("device_removed_under_live_connections", child);
+}
+
+#[test]
+fn device_removed_under_an_in_task_runtime_alone() {
+    with_spare_in_child(
+        "device_removed_under_an_in_task_runtime_alone",
+        in_task_child,
+    );
+}
+
+/// A test whose device work (`work`) runs in a child process while `rxe1` exists beside
+/// `rxe0`: in the parent, sets that up, runs the child and cleans up; in the child, the work.
+fn with_spare_in_child<F: std::future::Future<Output = ()>>(test: &str, work: fn() -> F) {
+    if tool::is_child(test) {
+        return block_on(work());
     }
     if !have_rxe0() {
         return;
@@ -140,6 +158,13 @@ fn device_removed_under_live_connections() {
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
     let _cleanup = Cleanup;
+    add_spare();
+    tool::run_in_child(test, CHILD_DEADLINE);
+}
+
+/// Adds `rxe1` on `dummy1` (the parent's [`Cleanup`] removes them): with a second device,
+/// librdmacm lets go of a removed one (the module docs).
+fn add_spare() {
     assert!(
         !exists(SPARE) && evchan_core::if_index(SPARE_NETDEV).is_none(),
         "{SPARE} or {SPARE_NETDEV} exists already"
@@ -168,7 +193,6 @@ fn device_removed_under_live_connections() {
     ] {
         assert!(run(args), "{}", args.join(" "));
     }
-    tool::run_in_child(TEST, CHILD_DEADLINE);
 }
 
 #[test]
@@ -206,15 +230,49 @@ fn last_device_removed_waits_for_the_process() {
     );
 }
 
-async fn last_device_child() {
-    let listener = step("bind", Listener::bind(v4(port(5)), Config::new()))
+/// A listener on `port` with `config`, and a connection to it (server side, client side) that
+/// carried one message.
+async fn connected(config: Config, port: u16) -> (Listener, Connection, Connection) {
+    let listener = step("bind", Listener::bind(v4(port), config.clone()))
         .await
         .unwrap();
     let addr = listener.local_addr();
-    let connect = tokio::spawn(Connection::connect(addr));
+    let connect = tokio::spawn(Connection::builder().config(config).connect(addr));
     let incoming = step("accept", listener.accept()).await.unwrap();
-    let mut server = step("accept", incoming.accept(b"")).await.unwrap();
-    let mut client = step("connect", connect).await.unwrap().unwrap();
+    let mut server = step("accept", incoming.accept(&[])).await.unwrap();
+    let client = step("connect", connect).await.unwrap().unwrap();
+    client.send("first").await.unwrap();
+    assert_eq!(
+        step("recv first", server.recv()).await.unwrap().unwrap(),
+        "first"
+    );
+    (listener, server, client)
+}
+
+/// `rdma link delete rxe0`, to completion within [`DELETE_DEADLINE`]: its status and when it
+/// ended.
+fn delete_rxe0() -> (std::process::ExitStatus, Instant) {
+    let mut c = Command::new("rdma")
+        .args(["link", "delete", DEVICE])
+        .spawn()
+        .unwrap();
+    let status = tool::wait_for(&mut c, DELETE_DEADLINE, "rdma link delete rxe0");
+    (status, Instant::now())
+}
+
+/// After a removal: the client's `recv` and `send` and the listener's `accept` fail with it.
+async fn assert_removed(client: &mut Connection, listener: &Listener) {
+    // The client's end may be on another shard, which retires on its own: its recv says when.
+    let r = step("client recv", client.recv()).await;
+    assert!(removed(&r), "client recv: {r:?}");
+    let r = client.send("after").await;
+    assert!(removed(&r), "client send: {r:?}");
+    let r = listener.accept().await.map(|_| ());
+    assert!(removed(&r), "accept: {r:?}");
+}
+
+async fn last_device_child() {
+    let (listener, mut server, mut client) = connected(Config::new(), port(5)).await;
     let receiving = tokio::spawn(async move {
         let r = server.recv().await;
         (r, server)
@@ -229,13 +287,7 @@ async fn last_device_child() {
     let (r, server) = step("pending recv", receiving).await.unwrap();
     assert!(removed(&r), "recv: {r:?}");
     let answered = start.elapsed();
-    // The client's end may be on another shard, which retires on its own: its recv says when.
-    let r = step("client recv", client.recv()).await;
-    assert!(removed(&r), "client recv: {r:?}");
-    let r = client.send("after").await;
-    assert!(removed(&r), "send: {r:?}");
-    let r = listener.accept().await.map(|_| ());
-    assert!(removed(&r), "accept: {r:?}");
+    assert_removed(&mut client, &listener).await;
     drop((server, client, listener));
     tokio::task::spawn_blocking(wait_runtime_gone)
         .await
@@ -258,6 +310,45 @@ async fn last_device_child() {
          blocked {:?} after it started, as librdmacm keeps the context",
         start.elapsed()
     );
+}
+
+/// Only in-task runtimes in the process (no runtime thread, so no thread watching the device
+/// node for it): the removal still fails what is pending, and `rdma link delete` completes.
+async fn in_task_child() {
+    assert!(
+        exists(DEVICE) && exists(SPARE),
+        "the parent sets up both devices"
+    );
+    assert_nothing_left(0, "before the test");
+    let (listener, mut server, mut client) = connected(Config::new().in_task(true), port(7)).await;
+    let receiving = tokio::spawn(async move {
+        let r = server.recv().await;
+        (r, server)
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!receiving.is_finished(), "nothing was sent");
+
+    let start = Instant::now();
+    let deleted = tokio::task::spawn_blocking(delete_rxe0);
+    let (r, server) = step("pending in-task recv", receiving).await.unwrap();
+    assert!(removed(&r), "in-task recv: {r:?}");
+    let answered = start.elapsed();
+    assert_removed(&mut client, &listener).await;
+    drop((server, client, listener));
+    let (status, done) = step("rdma link delete", deleted).await.unwrap();
+    assert!(status.success(), "rdma link delete {DEVICE}: {status}");
+    assert!(!exists(DEVICE));
+    eprintln!(
+        "rdma link delete {DEVICE} under an in-task runtime alone: pending recv answered after \
+         {answered:?}, the command completed after {:?}",
+        done - start
+    );
+    tokio::task::spawn_blocking(|| {
+        wait_runtime_gone();
+        assert_nothing_left(0, "after the removal");
+    })
+    .await
+    .unwrap();
 }
 
 /// User-space entries of `rdma resource show KIND` for each kind that has any.
@@ -357,25 +448,8 @@ async fn child() {
     // An in-task listener and connection (`Config::in_task`: their shards are tasks of this
     // runtime, without the runtime thread's watch of the device node): the removal that the
     // shard threads' runtime sees retires them too.
-    let in_task = Config::new().in_task(true);
-    let t_listener = step("bind in-task", Listener::bind(v4(port(3)), in_task.clone()))
-        .await
-        .unwrap();
-    let t_addr = t_listener.local_addr();
-    let t_connect = tokio::spawn(Connection::builder().config(in_task).connect(t_addr));
-    let t_incoming = step("accept in-task", t_listener.accept()).await.unwrap();
-    let mut t_server = step("accept in-task", t_incoming.accept(&[]))
-        .await
-        .unwrap();
-    let mut t_client = step("connect in-task", t_connect).await.unwrap().unwrap();
-    t_client.send("in-task").await.unwrap();
-    assert_eq!(
-        step("recv in-task", t_server.recv())
-            .await
-            .unwrap()
-            .unwrap(),
-        "in-task"
-    );
+    let (t_listener, t_server, mut t_client) =
+        connected(Config::new().in_task(true), port(3)).await;
     let receiving_in_task = tokio::spawn(async move {
         let r = t_client.recv().await;
         (r, t_client)
@@ -386,14 +460,7 @@ async fn child() {
 
     // The removal.
     let start = Instant::now();
-    let deleted = tokio::task::spawn_blocking(|| {
-        let mut c = Command::new("rdma")
-            .args(["link", "delete", DEVICE])
-            .spawn()
-            .unwrap();
-        let status = tool::wait_for(&mut c, DELETE_DEADLINE, "rdma link delete rxe0");
-        (status, Instant::now())
-    });
+    let deleted = tokio::task::spawn_blocking(delete_rxe0);
 
     let r = step("pending accept", accepting).await.unwrap();
     assert!(removed(&r), "accept: {r:?}");

@@ -284,6 +284,8 @@ impl Runtime {
             let devices = open_devices()?;
             let rx = rxs.pop().expect("one shard");
             let removal = rt.removal.clone();
+            let names = devices.iter().map(|d| d.name.clone()).collect();
+            tokio.spawn(removal::watch_in_task(weak.clone(), names));
             tokio.spawn(run_in_task(
                 rx, weak, cq_entries, busy_poll, channel, devices, removal,
             ));

@@ -8,7 +8,8 @@
 //! - `RDMA_CM_EVENT_DEVICE_REMOVAL` on any id of a shard (rdma_cm's `cma_process_remove`,
 //!   when the kernel removes rdma_cm's client from the device before the verbs client);
 //! - the device's verbs node (`/sys/class/infiniband_verbs/uverbsN`) gone, seen by the
-//!   runtime thread every [`WATCH_INTERVAL`] (when the verbs client goes first: see [`watch`]).
+//!   runtime thread every [`WATCH_INTERVAL`] (when the verbs client goes first: see [`watch`]),
+//!   or for an in-task runtime by a task of the application's runtime ([`watch_in_task`]).
 //!
 //! Then:
 //! 1. every runtime of the process is taken out of the registry (a new handle starts a fresh
@@ -214,6 +215,30 @@ pub(super) fn watch<T>(
                     removal.retire(Some(gone));
                 }
             }
+        }
+    }
+}
+
+/// [`watch`] for an in-task runtime ([`Config::in_task`](crate::Config::in_task)), which has no
+/// runtime thread: a task of the application's runtime that looks every [`WATCH_INTERVAL`] (a
+/// listing of a few sysfs entries, on the application's thread) until the runtime retires or
+/// its shard ends. Without it an in-task runtime alone in its process would wait for a
+/// `DEVICE_REMOVAL` that rdma_cm sends only after the process has let go of the device.
+pub(super) async fn watch_in_task(runtime: std::sync::Weak<Runtime>, opened: Vec<String>) {
+    loop {
+        tokio::time::sleep(WATCH_INTERVAL).await;
+        let Some(rt) = runtime.upgrade() else {
+            return;
+        };
+        if rt.removal.is_retired() || !rt.running() {
+            return;
+        }
+        let Some(present) = verbs_devices() else {
+            continue;
+        };
+        if let Some(gone) = opened.iter().find(|n| !present.contains(n)) {
+            tracing::debug!(device = %gone, "the device's verbs node is gone");
+            return rt.device_removed(Some(gone));
         }
     }
 }
