@@ -11,12 +11,14 @@
 //!   ctx): exactly as before.
 //!
 //! Cycles: rdma_cm connections (connect, accept, establish, disconnect); ids with librdmacm's
-//! own QP; ids with a QP on the caller's PD and CQ; the verbs objects (device list, context,
+//! own QP; ids with a QP on the caller's PD and CQ; ids dropped on one thread while another
+//! reads and acks their events; the verbs objects (device list, context,
 //! PD, MR, completion channel, CQ, QP).
 
 mod support;
 
 use std::net::SocketAddr;
+use std::os::fd::AsFd;
 use std::process::Command;
 
 use evchan_core::cm::{EventKind, PortSpace};
@@ -175,6 +177,85 @@ fn cm_id_cycles_on_callers_pd_and_cq_do_not_leak() {
         assert!(id.qp_num().is_some());
         drop(id);
     });
+}
+
+/// Ids dropped on this thread while a second thread reads and acks their events (four at a
+/// time), the two racing for each id's last claim: whichever drops it (the owner, or the ack
+/// of an event read before the drop) destroys the id, exactly once. A lost destroy would leave
+/// a cm_id and its record; a doubled one would free librdmacm's id twice.
+#[test]
+fn ids_dropped_while_another_thread_acks_their_events_do_not_leak() {
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    const IDS: usize = 8;
+    require_device!();
+    let ch = EventChannel::new().unwrap();
+    let (read, deferred) = (AtomicUsize::new(0), AtomicUsize::new(0));
+    check("ids dropped while their events are read and acked", || {
+        let ids: Vec<_> = (0..IDS)
+            .map(|_| {
+                evchan_core::CmId::new(&ch, PortSpace::Tcp)
+                    .unwrap()
+                    .resolve_addr(None, v4(port(4)), RESOLVE_TIMEOUT)
+                    .unwrap()
+            })
+            .collect();
+        assert!(
+            evchan_sys::fd::poll_readable(ch.as_fd(), Some(EVENT_TIMEOUT)).unwrap(),
+            "no ADDR_RESOLVED within {EVENT_TIMEOUT:?}"
+        );
+        let dropped = AtomicBool::new(false);
+        let got = AtomicUsize::new(0);
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                let mut held = Vec::new();
+                loop {
+                    match ch.try_get_event().unwrap() {
+                        Some(ev) => {
+                            assert_eq!(ev.kind(), EventKind::AddrResolved);
+                            got.fetch_add(1, Ordering::Release);
+                            held.push(ev);
+                            if held.len() == 4 {
+                                for ev in held.drain(..) {
+                                    ev.ack();
+                                    std::thread::yield_now();
+                                }
+                            }
+                        }
+                        // Every id is destroyed or waits for an ack held here: no event
+                        // can come any more.
+                        None if dropped.load(Ordering::Acquire) => break,
+                        None => std::thread::yield_now(),
+                    }
+                }
+            });
+            // Half of the events read first, so that the drops meet events held, events
+            // acked and events not read yet.
+            let start = std::time::Instant::now();
+            while got.load(Ordering::Acquire) < IDS / 2 {
+                assert!(
+                    start.elapsed() < EVENT_TIMEOUT,
+                    "the reader read too few events"
+                );
+                std::thread::yield_now();
+            }
+            for id in ids {
+                if id.unacked_events() > 0 {
+                    deferred.fetch_add(1, Ordering::Relaxed);
+                }
+                drop(id);
+                std::thread::yield_now();
+            }
+            dropped.store(true, Ordering::Release);
+        });
+        read.fetch_add(got.into_inner(), Ordering::Relaxed);
+    });
+    eprintln!(
+        "{} ids: {} events read and acked on the second thread, {} ids dropped with an event \
+         of theirs unacked (their destroy deferred to the ack)",
+        IDS * (WARM_UP + CYCLES),
+        read.into_inner(),
+        deferred.into_inner()
+    );
 }
 
 #[test]
