@@ -1,0 +1,151 @@
+//! `cargo xtask bench --tools [--quick]`: evchan against rdma-core's own tools, in one VM boot.
+//!
+//! Builds `examples/tools_cm.rs`, `tools_pingpong.rs` and `tools_events.rs` (release profile),
+//! then runs in one soft-RoCE VM, server and client in the same VM as the tools do, in rounds
+//! so that both sides of every ratio see the same conditions:
+//!
+//! - connection setup, 100 connections, step by step as `cmtime` (rdma-core 44) reports them:
+//!   `cmtime -s ADDR -c 100` and `tools_cm` in each layer, all against one `cmtime -b ADDR`
+//!   server; the figure is cmtime's `us / conn` (a step's wall time ÷ 100, all in flight);
+//! - 64 B ping-pong: `ib_send_lat -R -e` (completion events) against `tools_pingpong` in event
+//!   mode, `ib_send_lat -R` (busy polling) against it with `Config::busy_poll`; each mode with
+//!   both drivers of the async API, in the same rounds: the shard on a thread of its own
+//!   (`threads`, the default) and the shard as a task on the caller's current-thread runtime
+//!   (`task`, `Config::in_task(true)`, `tools_pingpong --in-task`); `ib_send_lat` reports half
+//!   a round trip (`t_typical` is the median of the time between two posts of the client,
+//!   divided by 2; `99% percentile` likewise), so its figures are doubled here;
+//! - CM events per second for 256 connections through 1, 2 and 4 event channels: the async
+//!   API's shards, and evchan-core with one thread per channel, each generating and reading
+//!   every event of whole connections; `drain`, the retrieval alone: 256 `ADDR_RESOLVED`
+//!   events already queued, read by 1, 2 or 4 threads from a channel each; and `spin`, the
+//!   yardstick: the same split of pure computation over 1, 2 or 4 threads, the parallelism the
+//!   VM's vCPUs gave at the time. The baseline is the same layer's 1-channel figure of the same
+//!   boot.
+//!
+//! Every figure is the median over the rounds; `spread` is (max − min) ÷ median of ours over
+//! the rounds. Under TCG only the ratios mean anything.
+//!
+//! This module holds the run's plan and the run itself; [`script`](mod@script) writes the guest's shell
+//! script, [`parse`] reads its output into figures, [`report`] renders the markdown section.
+
+mod parse;
+mod report;
+mod script;
+
+use std::time::{Duration, Instant};
+
+use crate::cargo::cargo;
+use crate::{target_dir, vm, Result};
+
+use parse::Results;
+use script::script;
+
+/// The VM's address on rxe0 (cmtime and perftest do not take the IPv6 link-local form).
+const ADDR: &str = "169.254.77.1";
+/// cmtime's step names (rdma-core 44, `show_perf`) and ours, in its order.
+const STEPS: &[(&str, &str)] = &[
+    ("create id", "create_id"),
+    ("resolve addr", "resolve_addr"),
+    ("resolve route", "resolve_route"),
+    ("create qp", "create_qp"),
+    ("connect", "connect"),
+    ("disconnect", "disconnect"),
+    ("destroy", "destroy"),
+];
+/// The `tools_cm` layers, the like-for-like one (with cmtime 44's shared CQs) first.
+const LAYERS: &[&str] = &["core-shared", "raw", "core", "raw-percq"];
+const CONNS: u32 = 100;
+const EVENT_CONNS: u32 = 256;
+const CHANNELS: &[u32] = &[1, 2, 4];
+/// How many of the event run's connects are in flight at once (all 256 at once overran the
+/// kernel CM's connect timeout on a loaded host: `UNREACHABLE` with `ETIMEDOUT`).
+const IN_FLIGHT: u32 = 32;
+/// The rounds inside one `tools_events --layer drain|spin` run (its `--rounds`).
+const DRAIN_ROUNDS: u32 = 32;
+/// The `tools_events` layers, in the order of their rows.
+const EVENT_LAYERS: &[&str] = &["async", "core", "drain", "spin"];
+/// The async ping-pong's drivers: (`driver=` of its result line, `tools_pingpong` flags, label).
+const DRIVERS: &[(&str, &str, &str)] = &[
+    ("threads", "", "threads"),
+    ("task", " --in-task", "in-task"),
+];
+/// The busy-poll window of the async ping-pong (longer than a round trip in the VM, so the
+/// shards never sleep between two messages, as `ib_send_lat -R` never does).
+const BUSY_POLL_US: u32 = 1000;
+
+/// The rounds and iterations of a run.
+struct Plan {
+    cm_rounds: u32,
+    lat_rounds: u32,
+    iters: u32,
+    event_rounds: u32,
+}
+
+/// Builds the programs, runs them and the tools in one VM boot, prints the markdown section
+/// and returns it.
+pub fn run(quick: bool) -> Result<String> {
+    let plan = if quick {
+        Plan {
+            cm_rounds: 3,
+            lat_rounds: 3,
+            iters: 300,
+            event_rounds: 2,
+        }
+    } else {
+        Plan {
+            cm_rounds: 5,
+            lat_rounds: 5,
+            iters: 1000,
+            event_rounds: 5,
+        }
+    };
+    let ok = cargo(&[
+        "build",
+        "--release",
+        "--quiet",
+        "--example",
+        "tools_cm",
+        "--example",
+        "tools_pingpong",
+        "--example",
+        "tools_events",
+    ])
+    .status()
+    .is_ok_and(|s| s.success());
+    if !ok {
+        return Err(
+            "building examples/tools_cm.rs, tools_pingpong.rs, tools_events.rs failed".into(),
+        );
+    }
+    let examples = target_dir().join("release/examples");
+    let load_before = loadavg();
+    let started = Instant::now();
+    let mut results = Results::default();
+    let job = vm::Job {
+        command: script(&examples, &plan),
+        env: vec![("EVCHAN_REQUIRE_DEVICE".into(), "1".into())],
+        timeout: Duration::from_secs(if quick { 900 } else { 1800 }),
+        ..vm::Job::default()
+    };
+    let outcome = vm::run(&job, &mut |line| {
+        println!("{line}");
+        results.add_line(line);
+    })?;
+    let section = results.section(&plan, started.elapsed(), &load_before, &loadavg());
+    println!();
+    print!("{section}");
+    if outcome.code != 0 {
+        return Err(format!(
+            "the tools run in the VM failed (status {}); see above",
+            outcome.code
+        ));
+    }
+    Ok(section)
+}
+
+/// The host's load averages (`/proc/loadavg`'s first three fields).
+fn loadavg() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_else(|_| "?".into())
+}

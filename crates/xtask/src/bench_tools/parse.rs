@@ -1,0 +1,297 @@
+//! Reading the tools run's output: every result line of cmtime, `ib_send_lat` and our
+//! programs into [`Results`], each figure's value of every round.
+
+use std::collections::BTreeMap;
+
+use super::STEPS;
+
+/// What the run printed, by figure: every round's value.
+#[derive(Debug, Default)]
+pub(super) struct Results {
+    /// (layer, step) → per-connection µs of each round; `layer` is `cmtime` for the tool.
+    pub(super) cm: BTreeMap<(String, String), Vec<f64>>,
+    /// (layer, step) → the per-connection p99 of each round (ours only).
+    pub(super) cm_p99: BTreeMap<(String, String), Vec<f64>>,
+    /// ("event"|"busy", "tool"|"threads"|"task") → (round-trip p50, p99) of each round, µs:
+    /// `ib_send_lat`'s, or ours with that driver.
+    pub(super) lat: BTreeMap<(String, String), Vec<(f64, f64)>>,
+    /// (layer, channels) → events/s of each round.
+    pub(super) events: BTreeMap<(String, u32), Vec<f64>>,
+    /// (layer) → the events counted in each run (`spin`: its units of work).
+    pub(super) event_counts: BTreeMap<String, Vec<u64>>,
+    /// `drain`: the reads of each run that found no event queued and waited (`waits=`).
+    pub(super) drain_waits: Vec<u64>,
+    /// The `mode` of the last `@@tools isl` marker: the next result line is its.
+    isl_mode: Option<String>,
+    pub(super) failures: Vec<String>,
+}
+
+/// `key=value` fields of a result line, the `stats=` field's own fields flattened in.
+fn fields(line: &str) -> BTreeMap<&str, &str> {
+    line.split_whitespace()
+        .flat_map(|f| f.split(','))
+        .filter_map(|f| f.split_once('='))
+        .filter(|(k, _)| *k != "stats")
+        .chain(
+            line.split_whitespace()
+                .filter_map(|f| f.strip_prefix("stats="))
+                .flat_map(|f| f.split(','))
+                .filter_map(|f| f.split_once('=')),
+        )
+        .collect()
+}
+
+impl Results {
+    pub(super) fn add_line(&mut self, line: &str) {
+        let line = line.trim();
+        let num = |f: &BTreeMap<&str, &str>, k: &str| f.get(k).and_then(|v| v.parse::<f64>().ok());
+        if let Some(rest) = line.strip_prefix("@@tools failed: ") {
+            self.failures.push(rest.to_owned());
+        } else if line.starts_with("event: ") || line.starts_with("RDMA_CM_EVENT_") {
+            // cmtime 44 reports a failed connection this way and goes on with the others:
+            // its figures of that run then cover fewer connections.
+            self.failures.push(format!("cmtime: {line}"));
+        } else if let Some(rest) = line.strip_prefix("@@tools isl mode=") {
+            self.isl_mode = Some(rest.to_owned());
+        } else if let Some(rest) = line.strip_prefix("@tools cm ") {
+            let f = fields(rest);
+            if let (Some(layer), Some(step), Some(per), Some(p99)) = (
+                f.get("layer"),
+                f.get("step"),
+                num(&f, "per_conn_us"),
+                num(&f, "p99_us"),
+            ) {
+                let key = ((*layer).to_owned(), (*step).to_owned());
+                self.cm.entry(key.clone()).or_default().push(per);
+                self.cm_p99.entry(key).or_default().push(p99);
+            }
+        } else if let Some(rest) = line.strip_prefix("@tools pingpong ") {
+            let f = fields(rest);
+            // Lines from before `driver=` existed came from the threads driver.
+            let driver = f.get("driver").copied().unwrap_or("threads");
+            if let (Some(mode), Some(p50), Some(p99)) =
+                (f.get("mode"), num(&f, "p50_us"), num(&f, "p99_us"))
+            {
+                let key = ((*mode).to_owned(), driver.to_owned());
+                self.lat.entry(key).or_default().push((p50, p99));
+            }
+        } else if let Some(rest) = line.strip_prefix("@tools events ") {
+            let f = fields(rest);
+            // `spin` counts units of work, not events.
+            if let (Some(layer), Some(c), Some(count), Some(rate)) = (
+                f.get("layer"),
+                f.get("channels").and_then(|c| c.parse().ok()),
+                f.get("events")
+                    .or_else(|| f.get("units"))
+                    .and_then(|c| c.parse().ok()),
+                num(&f, "events_per_s").or_else(|| num(&f, "units_per_s")),
+            ) {
+                let layer = (*layer).to_owned();
+                if layer == "drain" {
+                    if let Some(w) = f.get("waits").and_then(|w| w.parse().ok()) {
+                        self.drain_waits.push(w);
+                    }
+                }
+                self.events
+                    .entry((layer.clone(), c))
+                    .or_default()
+                    .push(rate);
+                self.event_counts.entry(layer).or_default().push(count);
+            }
+        } else if let Some((name, values)) = line.split_once(':') {
+            // cmtime 44: `%-13s: total_ms max_ms min_us us_per_conn`.
+            let name = name.trim();
+            if let Some((_, step)) = STEPS.iter().find(|(c, _)| *c == name) {
+                let v: Vec<f64> = values
+                    .split_whitespace()
+                    .filter_map(|v| v.parse().ok())
+                    .collect();
+                if let [_, _, _, per] = v.as_slice() {
+                    let key = ("cmtime".to_owned(), (*step).to_owned());
+                    self.cm.entry(key).or_default().push(*per);
+                }
+            }
+        } else if let Some(mode) = self.isl_mode.clone() {
+            // perftest: `#bytes #iterations t_min t_max t_typical t_avg t_stdev 99% 99.9%`,
+            // each time half a round trip.
+            // (t_stdev may read `-nan`; only the size, t_typical and 99% are used.)
+            let v: Vec<&str> = line.split_whitespace().collect();
+            let num = |i: usize| v.get(i).and_then(|t| t.parse::<f64>().ok());
+            if let (9, Some(64.0), Some(typical), Some(p99)) = (v.len(), num(0), num(4), num(7)) {
+                let key = (mode, "tool".to_owned());
+                self.lat
+                    .entry(key)
+                    .or_default()
+                    .push((2.0 * typical, 2.0 * p99));
+                self.isl_mode = None;
+            }
+        }
+    }
+
+    /// The per-round sums of `steps` for `layer` (rounds where all were read).
+    pub(super) fn sum(&self, layer: &str, steps: &[&str]) -> Vec<f64> {
+        let cols: Vec<&Vec<f64>> = steps
+            .iter()
+            .filter_map(|s| self.cm.get(&(layer.to_owned(), (*s).to_owned())))
+            .collect();
+        if cols.len() != steps.len() {
+            return Vec::new();
+        }
+        let rounds = cols.iter().map(|c| c.len()).min().unwrap_or(0);
+        (0..rounds)
+            .map(|r| cols.iter().map(|c| c[r]).sum())
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::bench_tools::Plan;
+
+    #[test]
+    fn parses_both_tools_and_ours() {
+        let mut r = Results::default();
+        for line in [
+            "step              total ms     max ms     min us  us / conn",
+            "create id    :      185.62     140.57       7.00    1856.17",
+            "connect      :     1442.82    1409.44  312014.00   14428.24",
+            "@tools cm layer=raw step=connect conns=100 total_us=518900.5 per_conn_us=5189.01 \
+             stats=n=100,p50_us=367375.67,p99_us=501083.99,min_us=35060.18,max_us=501203.53",
+            "@@tools isl mode=event",
+            " #bytes #iterations    t_min[usec]    t_max[usec]  t_typical[usec]",
+            " 64      500          113.80         325062.80      3866.81  \t       5739.29     \t-nan   \t\t55566.31 \t\t325062.80",
+            "@tools pingpong mode=event size=64 stats=n=500,p50_us=900.00,p99_us=2000.00,min_us=1.00,max_us=3.00",
+            "@tools events layer=async channels=4 conns=256 events=1792 connect_s=1 wall_s=2 events_per_s=896.0",
+            "@@tools failed: tools_cm async",
+        ] {
+            r.add_line(line);
+        }
+        assert_eq!(r.cm[&("cmtime".into(), "create_id".into())], vec![1856.17]);
+        assert_eq!(r.cm[&("cmtime".into(), "connect".into())], vec![14428.24]);
+        assert_eq!(r.cm[&("raw".into(), "connect".into())], vec![5189.01]);
+        assert_eq!(r.cm_p99[&("raw".into(), "connect".into())], vec![501083.99]);
+        assert_eq!(
+            r.lat[&("event".into(), "tool".into())],
+            vec![(2.0 * 3866.81, 2.0 * 55566.31)]
+        );
+        // A line without `driver=` (from before it existed) is the threads driver's.
+        assert_eq!(
+            r.lat[&("event".into(), "threads".into())],
+            vec![(900.0, 2000.0)]
+        );
+        assert_eq!(r.events[&("async".into(), 4)], vec![896.0]);
+        assert_eq!(r.failures, vec!["tools_cm async".to_owned()]);
+        let plan = Plan {
+            cm_rounds: 1,
+            lat_rounds: 1,
+            iters: 500,
+            event_rounds: 1,
+        };
+        let s = r.section(&plan, Duration::from_secs(1), "1", "1");
+        assert!(
+            s.contains("| raw: connect | 5189 | 14428 | 0.36 | 501084 | 0 % |"),
+            "{s}"
+        );
+        assert!(s.contains("Failed in the VM: tools_cm async"), "{s}");
+        assert!(
+            s.contains(
+                "| RTT p50, event mode, threads vs `ib_send_lat -R -e` | 900 | 7734 | 0.12 | \
+                 2000 / 111133 | 0 % | ≤ 1.15 | yes |"
+            ),
+            "{s}"
+        );
+        // No in-task line was read: its rows say so instead of vanishing.
+        assert!(
+            s.contains(
+                "| RTT p50, event mode, in-task vs `ib_send_lat -R -e` | – | 7734 | – | \
+                 – / 111133 | – | ≤ 1.15 | no figure |"
+            ),
+            "{s}"
+        );
+    }
+
+    #[test]
+    fn parses_both_drivers_in_both_modes() {
+        let mut r = Results::default();
+        for line in [
+            "@@tools isl mode=busy",
+            " 64      300          10.00         20.00      12.50  \t       13.00     \t1.00   \t\t40.00 \t\t50.00",
+            "@tools pingpong mode=busy driver=threads size=64 stats=n=300,p50_us=250.00,p99_us=1000.00,min_us=1.00,max_us=3.00",
+            "@tools pingpong mode=busy driver=task size=64 stats=n=300,p50_us=50.00,p99_us=200.00,min_us=1.00,max_us=3.00",
+            "@tools pingpong mode=event driver=task size=64 stats=n=300,p50_us=300.00,p99_us=600.00,min_us=1.00,max_us=3.00",
+            "@tools pingpong mode=event driver=task size=64 stats=n=300,p50_us=500.00,p99_us=800.00,min_us=1.00,max_us=3.00",
+        ] {
+            r.add_line(line);
+        }
+        assert_eq!(r.lat[&("busy".into(), "tool".into())], vec![(25.0, 80.0)]);
+        assert_eq!(
+            r.lat[&("busy".into(), "threads".into())],
+            vec![(250.0, 1000.0)]
+        );
+        assert_eq!(r.lat[&("busy".into(), "task".into())], vec![(50.0, 200.0)]);
+        assert_eq!(
+            r.lat[&("event".into(), "task".into())],
+            vec![(300.0, 600.0), (500.0, 800.0)]
+        );
+        assert!(!r.lat.contains_key(&("event".into(), "threads".into())));
+        let plan = Plan {
+            cm_rounds: 1,
+            lat_rounds: 2,
+            iters: 300,
+            event_rounds: 1,
+        };
+        let s = r.section(&plan, Duration::from_secs(1), "1", "1");
+        for want in [
+            "| RTT p50, busy-poll, threads vs `ib_send_lat -R` | 250 | 25.0 | 10.00 | 1000 / 80.0 | 0 % | ≤ 1.15 | **no** |",
+            "| RTT p99, busy-poll, threads vs `ib_send_lat -R` | 1000 | 80.0 | 12.50 |  | 0 % |  |  |",
+            "| RTT p50, busy-poll, in-task vs `ib_send_lat -R` | 50.0 | 25.0 | 2.00 | 200 / 80.0 | 0 % | ≤ 1.15 | **no** |",
+            "| RTT p50, busy-poll, in-task vs threads | 50.0 | 250 | 0.20 | 200 / 1000 | 0 % |  |  |",
+            "| RTT p50, event mode, in-task vs `ib_send_lat -R -e` | 400 | – | – | 700 / – | 50 % | ≤ 1.15 | no figure |",
+            "| RTT p50, event mode, in-task vs threads | 400 | – | – | 700 / – | 50 % |  |  |",
+        ] {
+            assert!(s.contains(want), "{want}\n{s}");
+        }
+    }
+
+    #[test]
+    fn parses_drain_and_its_yardstick() {
+        let mut r = Results::default();
+        for line in [
+            "@tools events layer=drain channels=1 conns=256 rounds=8 events=2048 wall_s=0.0400 \
+             round_min_s=0.0040 round_max_s=0.0060 events_per_s=50000.0 waits=0 cpu_s=0.0400 \
+             runq_s=0.0010",
+            "@tools events layer=drain channels=4 conns=256 rounds=8 events=2048 wall_s=0.0200 \
+             round_min_s=0.0020 round_max_s=0.0030 events_per_s=80000.0 waits=3 cpu_s=0.0500 \
+             runq_s=0.0200",
+            "@tools events layer=spin channels=1 conns=256 rounds=8 units=2048 wall_s=0.0500 \
+             units_per_s=40000.0 cpu_s=0.0500 runq_s=0.0000",
+            "@tools events layer=spin channels=4 conns=256 rounds=8 units=2048 wall_s=0.0300 \
+             units_per_s=70000.0 cpu_s=0.0600 runq_s=0.0300",
+        ] {
+            r.add_line(line);
+        }
+        assert_eq!(r.events[&("drain".into(), 4)], vec![80000.0]);
+        assert_eq!(r.events[&("spin".into(), 4)], vec![70000.0]);
+        assert_eq!(r.event_counts["spin"], vec![2048, 2048]);
+        assert_eq!(r.drain_waits, vec![0, 3]);
+        let plan = Plan {
+            cm_rounds: 1,
+            lat_rounds: 1,
+            iters: 300,
+            event_rounds: 1,
+        };
+        let s = r.section(&plan, Duration::from_secs(1), "1", "1");
+        for want in [
+            "| drain: events/s, 4 ch ÷ 1 ch | 80000 | 50000 | 1.60 |  | 0 % | ≥ 1.50 | yes |",
+            "| drain: events/s, 2 ch ÷ 1 ch | – | 50000 | – |  | – |  |  |",
+            "| spin: units/s, 4 ch ÷ 1 ch | 70000 | 40000 | 1.75 |  | 0 % |  |  |",
+            "| async: events/s, 4 ch ÷ 1 ch | – | – | – |  | – | ≥ 1.50 | no figure |",
+            "queued and waited in `poll`: 3 in all, over 2 `drain` runs.",
+        ] {
+            assert!(s.contains(want), "{want}\n{s}");
+        }
+    }
+}

@@ -1,0 +1,378 @@
+//! Rendering the tools run's markdown section from [`Results`]: the tables, their rows,
+//! ratios, targets and medians.
+
+use std::fmt::Write as _;
+use std::time::Duration;
+
+use super::parse::Results;
+use super::{
+    Plan, BUSY_POLL_US, CHANNELS, DRAIN_ROUNDS, DRIVERS, EVENT_CONNS, EVENT_LAYERS, IN_FLIGHT,
+    LAYERS, STEPS,
+};
+
+impl Results {
+    pub(super) fn section(&self, plan: &Plan, took: Duration, load0: &str, load1: &str) -> String {
+        let mut out = String::from("## Against rdma-core's tools\n\n");
+        let _ = writeln!(
+            out,
+            "`cargo xtask bench --tools`: one soft-RoCE VM boot (TCG, {} vCPUs), server and client \
+             in the same VM; each figure the median of the rounds (connection setup {} rounds, \
+             ping-pong {} rounds of {} round trips, events {} rounds); ratio = ours ÷ baseline; \
+             spread = (max − min) ÷ median of ours over the rounds. Host load average before / \
+             after: {load0} / {load1}; the run took {:.0} s. Under TCG only ratios mean anything.\n",
+            std::env::var("EVCHAN_VM_SMP").unwrap_or_else(|_| "2".into()),
+            plan.cm_rounds,
+            plan.lat_rounds,
+            plan.iters,
+            plan.event_rounds,
+            took.as_secs_f64()
+        );
+        let header = "| figure | ours (median) | baseline (median) | ratio | p99 | spread | target | met? |\n\
+                      |---|---:|---:|---:|---:|---:|---:|---|\n";
+
+        out.push_str(
+            "### Connection setup, 100 connections (µs per connection, cmtime's `us / conn`)\n\n\
+             Baseline `cmtime -s` (rdma-core 44); each client, `cmtime -s` included, against a fresh \
+             `cmtime -b` server of its own. `core-shared` is the like-for-like row: like cmtime 44 (whose \
+             `rdma_create_qp` copies the first QP's CQs back into its shared attributes) all QPs \
+             share one CQ; `raw` is the same in plain librdmacm; `core` and `raw-percq` give each \
+             QP its own CQs. p99: of one connection's own time in the step (call to its event). \
+             `total` sums the seven steps.\n\n",
+        );
+        out.push_str(header);
+        let all: Vec<&str> = STEPS.iter().map(|(_, s)| *s).collect();
+        let base_total = self.sum("cmtime", &all);
+        for layer in LAYERS {
+            let steps: &[&str] = if matches!(*layer, "core-shared" | "raw") {
+                &all
+            } else {
+                &[]
+            };
+            for step in steps {
+                let key = ((*layer).to_owned(), (*step).to_owned());
+                let base = self.cm.get(&("cmtime".to_owned(), (*step).to_owned()));
+                row(
+                    &mut out,
+                    &format!("{layer}: {step}"),
+                    self.cm.get(&key).map(Vec::as_slice),
+                    base.map(Vec::as_slice),
+                    self.cm_p99.get(&key).map(Vec::as_slice),
+                    None,
+                );
+            }
+            let target = (*layer == "core-shared").then_some(Target::AtMost(1.10));
+            row(
+                &mut out,
+                &format!("**{layer}: total**"),
+                Some(&self.sum(layer, &all)),
+                Some(&base_total),
+                None,
+                target,
+            );
+        }
+        let setup = [
+            "create_id",
+            "resolve_addr",
+            "resolve_route",
+            "create_qp",
+            "connect",
+        ];
+        let key = |s: &str| ("async".to_owned(), s.to_owned());
+        row(
+            &mut out,
+            "async: full connect ÷ cmtime's create id … connect",
+            self.cm.get(&key("full_connect")).map(Vec::as_slice),
+            Some(&self.sum("cmtime", &setup)),
+            self.cm_p99.get(&key("full_connect")).map(Vec::as_slice),
+            None,
+        );
+        row(
+            &mut out,
+            "async: close ÷ cmtime's disconnect + destroy",
+            self.cm.get(&key("close")).map(Vec::as_slice),
+            Some(&self.sum("cmtime", &["disconnect", "destroy"])),
+            self.cm_p99.get(&key("close")).map(Vec::as_slice),
+            None,
+        );
+
+        let _ = write!(
+            out,
+            "\n### 64 B ping-pong round trip (µs)\n\n\
+             Ours: `tools_pingpong` (async `Connection::send` then `recv`, one shard each side, \
+             a current-thread tokio runtime per side), with each driver in the same rounds: \
+             `threads` (the shard on a thread of its own, the default) and `in-task` \
+             (`Config::in_task(true)`: the shard a task on that runtime); baseline: \
+             `ib_send_lat -R [-e] -s 64 -n {}`, its half-round-trip figures doubled \
+             (p50 from `t_typical`, p99 from `99% percentile`). Busy-poll: \
+             `Config::busy_poll({BUSY_POLL_US} µs)`. The p99 column gives ours / the tool's. \
+             The `in-task vs threads` rows compare the two drivers (baseline: threads; their p99 column \
+             gives in-task / threads).\n\n",
+            plan.iters
+        );
+        out.push_str(header);
+        let p50 = |v: Option<&Vec<(f64, f64)>>| -> Vec<f64> {
+            v.map(|v| v.iter().map(|x| x.0).collect())
+                .unwrap_or_default()
+        };
+        let p99 = |v: Option<&Vec<(f64, f64)>>| -> Vec<f64> {
+            v.map(|v| v.iter().map(|x| x.1).collect())
+                .unwrap_or_default()
+        };
+        for (mode, label, tool) in [
+            ("event", "event mode", "`ib_send_lat -R -e`"),
+            ("busy", "busy-poll", "`ib_send_lat -R`"),
+        ] {
+            let get = |who: &str| self.lat.get(&(mode.to_owned(), who.to_owned()));
+            let tool_v = get("tool");
+            for (driver, _, driver_label) in DRIVERS {
+                let ours = get(driver);
+                let p99_text = format!(
+                    "{} / {}",
+                    fmt(median(&p99(ours))),
+                    fmt(median(&p99(tool_v)))
+                );
+                row_text(
+                    &mut out,
+                    &format!("RTT p50, {label}, {driver_label} vs {tool}"),
+                    &p50(ours),
+                    &p50(tool_v),
+                    &p99_text,
+                    Some(Target::AtMost(1.15)),
+                );
+                row_text(
+                    &mut out,
+                    &format!("RTT p99, {label}, {driver_label} vs {tool}"),
+                    &p99(ours),
+                    &p99(tool_v),
+                    "",
+                    None,
+                );
+            }
+            let (threads, task) = (get("threads"), get("task"));
+            row_text(
+                &mut out,
+                &format!("RTT p50, {label}, in-task vs threads"),
+                &p50(task),
+                &p50(threads),
+                &format!(
+                    "{} / {}",
+                    fmt(median(&p99(task))),
+                    fmt(median(&p99(threads)))
+                ),
+                None,
+            );
+        }
+
+        let _ = write!(
+            out,
+            "\n### CM events per second, {EVENT_CONNS} connections\n\n\
+             `tools_events`, both sides in one process, at most {IN_FLIGHT} connects in flight \
+             (all {EVENT_CONNS} at once overran the kernel CM's connect timeout on our loaded \
+             host), then every close. `async`: a `Listener` and {EVENT_CONNS} connections to it \
+             on `Config::shards(n)`, one event channel and thread per shard; events = 7 per \
+             connection (ADDR_RESOLVED, ROUTE_RESOLVED, ESTABLISHED, DISCONNECTED on the \
+             connecting id; CONNECT_REQUEST on the listener; ESTABLISHED, DISCONNECTED on the \
+             accepted id). `core`: n threads, each draining its own channel with its own \
+             listener and {EVENT_CONNS} ÷ n of the connections; events as read{}. events/s = \
+             events ÷ wall time. These two time the generation of the events as well as their \
+             retrieval, and the kernel's part of the generation runs one work item at a time on \
+             one port however many channels there are (Linux 6.1, `drivers/infiniband/core`: \
+             rdma_cm's `cma_wq` and ib_addr's `addr_wq` are ordered workqueues, \
+             `alloc_ordered_workqueue` in `cma.c` and `addr.c`; ib_cm's runs one item at a time, \
+             `alloc_workqueue(\"ib_cm\", 0, 1)` in `cm.c`; the CM's MADs are received on the \
+             port's ordered `ib_mad%u`, `mad.c`): only the work done in the threads themselves, \
+             in user space and in their own system calls, can spread over channels.\n\n\
+             `drain` times the retrieval alone, not the generation: n threads, each with its \
+             own channel and {EVENT_CONNS} ÷ n ids, {DRAIN_ROUNDS} rounds per run after an \
+             untimed warm-up round. Untimed, each id calls `rdma_resolve_addr` toward the VM's \
+             own address and each thread waits until all its `ADDR_RESOLVED` events are queued \
+             (its witness, an id resolved last on a second channel, has its event: `addr_wq` \
+             completes requests in the order queued, and one to a local address is queued at \
+             once); then a barrier releases the threads, and a round's time runs until the last \
+             thread has read (`try_get_event`), checked (`ADDR_RESOLVED`, status 0, one per id) \
+             and acked its {EVENT_CONNS} ÷ n events; events/s = events ÷ the rounds' summed \
+             times. Reads that found no event queued and waited in `poll`: {}. `spin` is \
+             `drain`'s yardstick, no RDMA: {EVENT_CONNS} units of pure computation (no shared \
+             data) split over n threads the same way, run just before each `drain` run; its n ÷ \
+             1 ratio is the parallelism the VM's vCPUs gave at that time, the ceiling of \
+             `drain`'s. Baseline of every row: the same layer with 1 channel, same boot. More \
+             channels than the VM's vCPUs cannot run in parallel.\n\n",
+            self.event_counts.get("core").map_or_else(String::new, |c| {
+                let (lo, hi) = (c.iter().min(), c.iter().max());
+                format!(
+                    " ({} to {} per run here)",
+                    lo.copied().unwrap_or(0),
+                    hi.copied().unwrap_or(0)
+                )
+            }),
+            if self.drain_waits.is_empty() {
+                "no `drain` run was read".to_owned()
+            } else {
+                format!(
+                    "{} in all, over {} `drain` runs",
+                    self.drain_waits.iter().sum::<u64>(),
+                    self.drain_waits.len()
+                )
+            }
+        );
+        out.push_str(header);
+        for layer in EVENT_LAYERS {
+            let get = |c: u32| {
+                self.events
+                    .get(&((*layer).to_owned(), c))
+                    .cloned()
+                    .unwrap_or_default()
+            };
+            let one = get(1);
+            // `spin` is a yardstick, not a goal.
+            let (what, goal) = if *layer == "spin" {
+                ("units/s", None)
+            } else {
+                ("events/s", Some(Target::AtLeast(1.5)))
+            };
+            for c in CHANNELS {
+                let target = goal.filter(|_| *c == 4);
+                row_text(
+                    &mut out,
+                    &format!("{layer}: {what}, {c} ch ÷ 1 ch"),
+                    &get(*c),
+                    &one,
+                    "",
+                    target,
+                );
+            }
+        }
+        if !self.failures.is_empty() {
+            let _ = writeln!(out, "\nFailed in the VM: {}.", self.failures.join("; "));
+        }
+        out
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Target {
+    AtMost(f64),
+    AtLeast(f64),
+}
+
+/// A table row whose p99 column is the median of the rounds' p99s.
+fn row(
+    out: &mut String,
+    name: &str,
+    ours: Option<&[f64]>,
+    base: Option<&[f64]>,
+    p99: Option<&[f64]>,
+    target: Option<Target>,
+) {
+    let p99 = p99.map_or_else(String::new, |p| fmt(median(p)));
+    row_text(
+        out,
+        name,
+        ours.unwrap_or_default(),
+        base.unwrap_or_default(),
+        &p99,
+        target,
+    );
+}
+
+fn row_text(
+    out: &mut String,
+    name: &str,
+    ours: &[f64],
+    base: &[f64],
+    p99: &str,
+    target: Option<Target>,
+) {
+    let (o, b) = (median(ours), median(base));
+    let ratio = match (o, b) {
+        (Some(o), Some(b)) if b > 0.0 => Some(o / b),
+        _ => None,
+    };
+    let spread = o.filter(|m| *m > 0.0).map(|m| {
+        let (lo, hi) = ours
+            .iter()
+            .fold((f64::MAX, f64::MIN), |(l, h), v| (l.min(*v), h.max(*v)));
+        format!("{:.0} %", 100.0 * (hi - lo) / m)
+    });
+    let (t, met) = match (target, ratio) {
+        (None, _) => (String::new(), String::new()),
+        (Some(Target::AtMost(x)), r) => (
+            format!("≤ {x:.2}"),
+            r.map_or("no figure".into(), |r| yes(r <= x)),
+        ),
+        (Some(Target::AtLeast(x)), r) => (
+            format!("≥ {x:.2}"),
+            r.map_or("no figure".into(), |r| yes(r >= x)),
+        ),
+    };
+    let _ = writeln!(
+        out,
+        "| {name} | {} | {} | {} | {p99} | {} | {t} | {met} |",
+        fmt(o),
+        fmt(b),
+        ratio.map_or_else(|| "–".into(), |r| format!("{r:.2}")),
+        spread.unwrap_or_else(|| "–".into()),
+    );
+}
+
+fn yes(b: bool) -> String {
+    if b { "yes" } else { "**no**" }.into()
+}
+
+/// The median (the mean of the middle two for an even count); `None` when empty.
+fn median(v: &[f64]) -> Option<f64> {
+    if v.is_empty() {
+        return None;
+    }
+    let mut s = v.to_vec();
+    s.sort_by(f64::total_cmp);
+    let n = s.len();
+    Some(if n % 2 == 1 {
+        s[n / 2]
+    } else {
+        (s[n / 2 - 1] + s[n / 2]) / 2.0
+    })
+}
+
+fn fmt(v: Option<f64>) -> String {
+    match v {
+        None => "–".into(),
+        Some(v) if v >= 100.0 => format!("{v:.0}"),
+        Some(v) => format!("{v:.1}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn medians_and_ratios() {
+        assert_eq!(median(&[3.0, 1.0, 2.0]), Some(2.0));
+        assert_eq!(median(&[4.0, 1.0]), Some(2.5));
+        assert_eq!(median(&[]), None);
+        let mut out = String::new();
+        row_text(
+            &mut out,
+            "x",
+            &[2.0, 2.2],
+            &[2.0],
+            "",
+            Some(Target::AtMost(1.10)),
+        );
+        assert!(
+            out.contains("| x | 2.1 | 2.0 | 1.05 |  | 10 % | ≤ 1.10 | yes |"),
+            "{out}"
+        );
+        let mut out = String::new();
+        row_text(
+            &mut out,
+            "y",
+            &[1.0],
+            &[1.0],
+            "",
+            Some(Target::AtLeast(1.5)),
+        );
+        assert!(out.contains("**no**"), "{out}");
+    }
+}
