@@ -1,0 +1,16 @@
+//! What `cargo xtask bench` makes of a run: medians from criterion's samples, instructions from
+//! callgrind, the ratios (saved and compared), `docs/BENCHMARKS.md` and the SVG plot.
+//!
+//! [`samples`] reads the run (criterion's samples, callgrind's counts), [`ratios`] makes the
+//! table and the saved ratios of them, [`markdown`] writes `docs/BENCHMARKS.md`'s generated
+//! parts, [`svg`] the plot.
+
+mod markdown;
+mod ratios;
+mod samples;
+mod svg;
+
+pub use markdown::{write_markdown, write_tools, Run};
+pub use ratios::{table, Ratios};
+pub use samples::{complete, figures, Instructions};
+pub use svg::write_svg;
