@@ -1,5 +1,5 @@
 //! Reading what test binaries say: libtest's output of `cargo test`, the tests a binary lists
-//! (`--list`), and the per-test protocol of the device-test runner (see `test.rs`).
+//! (`--list`), and the per-test protocol of the device-test runner (see `test/device.rs`).
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
