@@ -229,6 +229,13 @@ impl Connection {
     /// returns `None`; then `rdma_disconnect`, and everything of the connection (id, QP,
     /// memory regions) is released. Returns once that is done.
     ///
+    /// When the connection is lost first (the peer gone or the wire cut: the transport's
+    /// retries; the device removed; the runtime shut down), what was still queued or in flight
+    /// is not delivered, and `close` returns once everything is released all the same: it does
+    /// not tell a lost close from a clean one (`docs/RELIABILITY.md`). To know that the peer
+    /// has everything, have it answer (or read its close: `recv` returns `None` after the
+    /// peer's last message).
+    ///
     /// Queued messages wait for the peer's credits as long as it takes: a live peer that does
     /// not read keeps the close waiting (a dead one ends it with the transport's retries).
     ///
