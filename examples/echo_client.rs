@@ -227,7 +227,7 @@ async fn ping_pong(
         rtt.record(u64::try_from(took.as_nanos()).unwrap_or(u64::MAX))
             .expect("auto-resizing histograms record any value");
     }
-    conn.close().await;
+    conn.close().await?;
     Ok(rtt)
 }
 

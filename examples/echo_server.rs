@@ -119,7 +119,7 @@ async fn serve(args: Args) -> ExitCode {
                     bytes += msg.len() as u64;
                     conn.send(msg).await?; // the Bytes point into a receive slot; zero copy
                 }
-                conn.close().await;
+                conn.close().await?;
                 Ok::<_, evchan::Error>(())
             }
             .await;

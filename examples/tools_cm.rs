@@ -386,7 +386,7 @@ fn asynchronous(dst: SocketAddr, n: usize) -> Vec<Step> {
         for conn in conns {
             set.spawn(async move {
                 let t = Instant::now();
-                conn.close().await;
+                conn.close().await.unwrap_or_else(|e| fail(PROGRAM, e));
                 t.elapsed()
             });
         }
@@ -394,7 +394,7 @@ fn asynchronous(dst: SocketAddr, n: usize) -> Vec<Step> {
         while let Some(joined) = set.join_next().await {
             each.push(joined.unwrap_or_else(|e| fail(PROGRAM, e)));
         }
-        warm.close().await;
+        warm.close().await.unwrap_or_else(|e| fail(PROGRAM, e));
         vec![
             connect_step,
             Step {

@@ -152,9 +152,9 @@ async fn run(addr: SocketAddr, channels: usize, n: usize, in_flight: usize) -> R
         async { listener.accept().await?.accept(&[]).await },
     );
     let (warm, mut served) = (warm?, served?);
-    warm.close().await;
+    warm.close().await?;
     while served.recv().await?.is_some() {}
-    served.close().await;
+    served.close().await?;
 
     let t0 = Instant::now();
     let server = tokio::spawn(async move {
@@ -163,7 +163,7 @@ async fn run(addr: SocketAddr, channels: usize, n: usize, in_flight: usize) -> R
             let mut conn = listener.accept().await?.accept(&[]).await?;
             ends.spawn(async move {
                 while conn.recv().await?.is_some() {}
-                conn.close().await;
+                conn.close().await?;
                 Ok::<_, Error>(())
             });
         }
@@ -192,7 +192,7 @@ async fn run(addr: SocketAddr, channels: usize, n: usize, in_flight: usize) -> R
         closes.spawn(conn.close());
     }
     while let Some(joined) = closes.join_next().await {
-        joined.unwrap_or_else(|e| fail(PROGRAM, e));
+        joined.unwrap_or_else(|e| fail(PROGRAM, e))?;
     }
     server.await.unwrap_or_else(|e| fail(PROGRAM, e))?;
     let wall = t0.elapsed();

@@ -107,7 +107,7 @@ async fn serve(addr: SocketAddr, config: Config) -> Result<(), Error> {
     while let Some(msg) = conn.recv().await? {
         conn.send(msg).await?;
     }
-    conn.close().await;
+    conn.close().await?;
     Ok(())
 }
 
@@ -146,7 +146,7 @@ async fn client(addr: SocketAddr, config: Config, a: &Args) -> Result<(), Error>
             rtt.push(us(took));
         }
     }
-    conn.close().await;
+    conn.close().await?;
     let stats = Stats::of(&rtt).expect("at least one round trip");
     let mode = if a.busy_poll.is_some() {
         "busy"

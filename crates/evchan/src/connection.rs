@@ -50,7 +50,7 @@ pub(crate) fn check_private_data(data: &[u8], max: usize) -> Result<()> {
 /// if let Some(reply) = conn.recv().await? {
 ///     println!("{} bytes back", reply.len());
 /// }
-/// conn.close().await;
+/// conn.close().await?;
 /// # Ok(())
 /// # }
 /// ```
@@ -229,28 +229,35 @@ impl Connection {
     /// returns `None`; then `rdma_disconnect`, and everything of the connection (id, QP,
     /// memory regions) is released. Returns once that is done.
     ///
-    /// When the connection is lost first (the peer gone or the wire cut: the transport's
-    /// retries; the device removed; the runtime shut down), what was still queued or in flight
-    /// is not delivered, and `close` returns once everything is released all the same: it does
-    /// not tell a lost close from a clean one (`docs/RELIABILITY.md`). To know that the peer
-    /// has everything, have it answer (or read its close: `recv` returns `None` after the
-    /// peer's last message).
+    /// `Ok(())` says that the connection ended without a loss and that every message this side
+    /// sent was delivered: each send completed (on RC, the peer's side acknowledged it).
+    /// Delivered means received by the peer's evchan, which hands it to `recv` unless the
+    /// peer's application dropped its receive half or closed first. A peer that closed first
+    /// and then disconnected is no loss.
+    ///
+    /// # Errors
+    /// [`Error::ConnectionLost`] with the cause when the connection was lost before or during
+    /// the close (e.g. `WorkCompletion(RetryExceeded)` for a dead peer or a cut wire,
+    /// `Disconnected`, `DeviceRemoved`, `Shutdown`): what was still queued or in flight then
+    /// was not delivered. Also `Disconnected` when the peer disconnected during the close (its
+    /// own close done) before what was queued here went out. Everything is released either
+    /// way.
     ///
     /// Queued messages wait for the peer's credits as long as it takes: a live peer that does
     /// not read keeps the close waiting (a dead one ends it with the transport's retries).
     ///
     /// Cancel safety: dropping the future leaves the close to finish in the background.
-    pub async fn close(self) {
+    pub async fn close(self) -> Result<()> {
         let (reply, done) = oneshot::channel();
         let Connection { send, recv } = self;
+        let (shared, shard) = (Arc::clone(&send.shared), send.shard.clone());
         let sent = send.shard.send(Cmd::Close {
             conn: send.conn,
             reply: Some(reply),
         });
         drop((send, recv));
-        if sent {
-            let _ = done.await;
-        }
+        let released = sent && done.await.is_ok();
+        shared.close_result(released, shard.lost())
     }
 
     /// The two halves, for two tasks. Dropping the send half sends the close message after

@@ -22,7 +22,7 @@
 //! let mut conn = Connection::connect("169.254.77.1:7471".parse().unwrap()).await?;
 //! conn.send("hello").await?;
 //! assert_eq!(conn.recv().await?.as_deref(), Some(&b"hello"[..]));
-//! conn.close().await;
+//! conn.close().await?; // Ok: everything sent was delivered
 //! # Ok(())
 //! # }
 //! ```

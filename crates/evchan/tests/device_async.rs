@@ -20,7 +20,7 @@ async fn echo_server(addr: std::net::SocketAddr, config: Config) -> std::net::So
                 while let Some(msg) = conn.recv().await? {
                     conn.send(msg).await?;
                 }
-                conn.close().await;
+                conn.close().await?;
                 Ok::<_, Error>(())
             });
         }
@@ -84,7 +84,7 @@ async fn requests_migrated_between_shards() {
             assert_eq!(m, msg(c * 10 + i, 32), "connection {c} message {i}");
         }
         if c % 2 == 0 {
-            step("close", conn.close()).await;
+            step("close", conn.close()).await.unwrap();
         }
     }
 }
@@ -99,7 +99,7 @@ async fn ipv6_link_local() {
         step("echo", conn.recv()).await.unwrap().as_deref(),
         Some(&b"over IPv6"[..])
     );
-    step("close", conn.close()).await;
+    step("close", conn.close()).await.unwrap();
 }
 
 /// Many connects at once on one shard: their events queue up on one channel (many per
@@ -128,7 +128,7 @@ async fn concurrent_connects_are_routed_by_id() {
                 let m = conn.recv().await.unwrap().unwrap();
                 assert_eq!(m, msg(c * 1000 + i, 16));
             }
-            conn.close().await;
+            conn.close().await.unwrap();
         }));
     }
     for t in tasks {
@@ -229,7 +229,7 @@ async fn cancelled_futures_lose_nothing() {
         }
     }
     let client = step("sender", sender).await.unwrap();
-    client.close().await;
+    client.close().await.unwrap();
     assert_eq!(step("end", server.recv()).await.unwrap(), None);
 }
 
@@ -249,7 +249,8 @@ async fn close_delivers_everything_first() {
         for i in 0..64u32 {
             conn.send(msg(i, 100)).await.unwrap();
         }
-        conn.close().await; // 64 queued, 8 credits: most are still queued here
+        // 64 queued, 8 credits: most are still queued here; all delivered when it returns.
+        conn.close().await.unwrap();
     });
     let mut server = step("accept", async {
         listener.accept().await.unwrap().accept(b"").await.unwrap()
@@ -529,7 +530,7 @@ async fn busy_poll_echo() {
             msg(i, 64)
         );
     }
-    step("close", conn.close()).await;
+    step("close", conn.close()).await.unwrap();
 }
 
 /// A `Listener::bind` future dropped before it completes leaves no listening id behind: the

@@ -208,7 +208,7 @@ async fn bystander(addr: SocketAddr) -> Bystander {
             i += 1;
             n.store(i, Ordering::SeqCst);
         }
-        step("bystander close", conn.close()).await;
+        step("bystander close", conn.close()).await.unwrap();
     });
     Bystander {
         exchanged,
@@ -258,7 +258,7 @@ async fn fresh_client_served(addr: SocketAddr) {
         let m = step("recv", conn.recv()).await.unwrap().unwrap();
         assert_eq!(m, good_msg(i));
     }
-    step("close", conn.close()).await;
+    step("close", conn.close()).await.unwrap();
 }
 
 /// [`support::qps_settle_to`], off the runtime's threads.

@@ -22,7 +22,7 @@ async fn echo_one(listener: Listener) -> Result<(), Error> {
     while let Some(m) = conn.recv().await? {
         conn.send(m).await?;
     }
-    conn.close().await;
+    conn.close().await?;
     Ok(())
 }
 
@@ -46,7 +46,7 @@ async fn echo_run(config: Config, port: u16, n: u32) {
         let back = step("echo", conn.recv()).await.unwrap().expect("an echo");
         assert_eq!(back, m, "message {i}");
     }
-    step("close", conn.close()).await;
+    step("close", conn.close()).await.unwrap();
     step("server", server).await.unwrap().unwrap();
 }
 
@@ -125,7 +125,10 @@ fn runtime_shutdown_fails_the_handles_and_frees_everything() {
             step("accept after shutdown", listener.accept()).await,
             Err(Error::ConnectionLost(Lost::Shutdown))
         ));
-        step("close after shutdown", conn.close()).await;
+        assert!(matches!(
+            step("close after shutdown", conn.close()).await,
+            Err(Error::ConnectionLost(Lost::Shutdown))
+        ));
         drop(listener);
         // A fresh shard on this thread, on the new runtime.
         echo_run(config.clone(), port(5), 20).await;

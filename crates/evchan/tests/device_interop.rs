@@ -117,7 +117,7 @@ async fn rdma_client_against_our_listener(addr: SocketAddr) {
         .await
         .unwrap();
     assert_clean(&out, "rdma_client");
-    step("close", conn.close()).await;
+    step("close", conn.close()).await.unwrap();
 }
 
 /// Our connection against one unmodified `rdma_server`: connect (retried while the server is
@@ -176,7 +176,7 @@ async fn our_client_against_rdma_server(addr: SocketAddr) {
         .await
         .unwrap();
     assert_clean(&out, "rdma_server");
-    step("close", conn.close()).await;
+    step("close", conn.close()).await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -513,9 +513,11 @@ async fn child() {
     eprintln!("c0 sent {sent} messages before its send blocked; s0 had {delivered} of them");
     let r = listener.accept().await.map(|_| ());
     assert!(removed(&r), "accept again: {r:?}");
-    step("close", c1.close()).await;
-    step("close", s0.close()).await;
-    step("close", s2.close()).await;
+    // Lost before their close: each close reports the removal.
+    for (what, conn) in [("c1", c1), ("s0", s0), ("s2", s2)] {
+        let r = step("close", conn.close()).await;
+        assert!(removed(&r), "close of {what}: {r:?}");
+    }
     drop((s1, c2_rx, c2_tx, c0_rx, c0_tx, listener));
     tokio::task::spawn_blocking(|| {
         wait_runtime_gone();
@@ -544,9 +546,9 @@ async fn child() {
         step("recv again", client.recv()).await.unwrap().unwrap(),
         "back"
     );
-    step("close again", client.close()).await;
+    step("close again", client.close()).await.unwrap();
     assert_eq!(step("fin", server.recv()).await.unwrap(), None);
-    step("close again", server.close()).await;
+    step("close again", server.close()).await.unwrap();
     drop(listener);
     tokio::task::spawn_blocking(|| {
         wait_runtime_gone();

@@ -543,7 +543,7 @@ fn clean_close_leaves_no_rdma_resources() {
                 .unwrap();
             c.send("one").await.unwrap();
             assert_eq!(c.recv().await.unwrap(), None);
-            c.close().await;
+            c.close().await.unwrap();
         });
         let mut s = step("accept", async {
             listener.accept().await.unwrap().accept(b"").await.unwrap()
@@ -553,7 +553,7 @@ fn clean_close_leaves_no_rdma_resources() {
             step("recv", s.recv()).await.unwrap().as_deref(),
             Some(&b"one"[..])
         );
-        step("close", s.close()).await;
+        step("close", s.close()).await.unwrap();
         step("client", client).await.unwrap();
         drop(listener);
     });

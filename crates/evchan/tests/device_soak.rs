@@ -256,7 +256,15 @@ async fn serve(incoming: evchan::Incoming, tally: Tally) {
         );
     }
     if act == Act::Full {
-        step("server close", conn.close()).await;
+        // Clean when the client goes through its whole exchange and closes too; otherwise
+        // the client's drop may have lost the connection first.
+        let closed = step("server close", conn.close()).await;
+        if let Err(e) = &closed {
+            assert!(
+                expected(e) && client != Act::Full,
+                "cycle {cycle} (client {client:?}, server {act:?}): server close: {e:?}"
+            );
+        }
     } else {
         drop(conn);
     }
@@ -336,7 +344,13 @@ async fn client(addr: SocketAddr, cycle: u32, me: Act, server: Act, tally: Tally
         );
     }
     if me == Act::Full && r.is_ok() {
-        step("client close", conn.close()).await;
+        let closed = step("client close", conn.close()).await;
+        if let Err(e) = &closed {
+            assert!(
+                expected(e) && server != Act::Full,
+                "cycle {cycle} (client {me:?}, server {server:?}): client close: {e:?}"
+            );
+        }
     } else {
         drop(conn);
     }

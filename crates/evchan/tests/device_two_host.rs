@@ -88,7 +88,7 @@ async fn two_host_server() {
                 None,
                 "connection {c}"
             );
-            step("close", conn.close()).await;
+            step("close", conn.close()).await.unwrap();
             c
         });
     }

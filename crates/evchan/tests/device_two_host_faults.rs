@@ -91,7 +91,7 @@ async fn new_local_peer(listener: &Listener, me: std::net::SocketAddr) {
             .unwrap_or_else(|e| panic!("a new peer connecting to {me}: {e}"));
         c.send(Bytes::from_static(b"new peer")).await.unwrap();
         assert_eq!(c.recv().await.unwrap().as_deref(), Some(&b"welcome"[..]));
-        c.close().await;
+        c.close().await.unwrap();
     });
     let incoming = step("accept the new peer", listener.accept())
         .await
@@ -106,7 +106,7 @@ async fn new_local_peer(listener: &Listener, me: std::net::SocketAddr) {
         .await
         .unwrap();
     assert_eq!(step("end", s.recv()).await.unwrap(), None);
-    step("close", s.close()).await;
+    step("close", s.close()).await.unwrap();
     step("client", client).await.unwrap();
 }
 
@@ -155,8 +155,8 @@ async fn peer_killed_server() {
 
     let stopped = fault("stop b");
     let closer = tokio::spawn(async move {
-        closing.close().await;
-        Instant::now()
+        let r = closing.close().await;
+        (r, Instant::now())
     });
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(
@@ -180,10 +180,12 @@ async fn peer_killed_server() {
         .unwrap();
     assert_lost("send", &e);
     assert!(sent >= 8, "{sent} sends went before the blocked one");
-    let close_at = tokio::time::timeout(BOUND, closer)
+    let (r, close_at) = tokio::time::timeout(BOUND, closer)
         .await
         .expect("the pending close within the bound")
         .unwrap();
+    // Its FIN went to a stopped peer: the close reports the loss.
+    assert_lost("close", &r.expect_err("close to a dead peer"));
     let released = qps_released("the dead peer's QPs released").await;
     for (what, at) in [
         ("recv", recv_at),
@@ -293,7 +295,7 @@ async fn wire_cut_server() {
         .await
         .unwrap();
     assert_eq!(step("end", conn.recv()).await.unwrap(), None);
-    step("close", conn.close()).await;
+    step("close", conn.close()).await.unwrap();
     eprintln!("wire_cut_server: a new connection after the wire came back");
 }
 
@@ -394,7 +396,7 @@ async fn wire_cut_client() {
         step("recv", conn.recv()).await.unwrap().as_deref(),
         Some(&b"welcome back"[..])
     );
-    step("close", conn.close()).await;
+    step("close", conn.close()).await.unwrap();
 }
 
 /// The core's own view of a cut wire: a connected RC QP of `evchan_core` (caller's PD and CQ),

@@ -126,6 +126,11 @@ pub(crate) struct Shared {
     pub(crate) permits: Arc<Semaphore>,
     /// Why sends fail, once the connection is over.
     pub(crate) end: Mutex<Option<SendEnd>>,
+    /// A message sent on the connection was not delivered: it was still queued or in flight
+    /// when the connection ended, or its send failed ([`Connection::close`]'s result).
+    ///
+    /// [`Connection::close`]: crate::Connection::close
+    undelivered: std::sync::atomic::AtomicBool,
 }
 
 /// Why sends fail.
@@ -140,7 +145,33 @@ impl Shared {
         Arc::new(Self {
             permits: Arc::new(Semaphore::new(permits as usize)),
             end: Mutex::new(None),
+            undelivered: std::sync::atomic::AtomicBool::new(false),
         })
+    }
+
+    /// Records that a message sent on the connection was not delivered.
+    pub(crate) fn mark_undelivered(&self) {
+        self.undelivered
+            .store(true, std::sync::atomic::Ordering::Release);
+    }
+
+    /// What [`Connection::close`](crate::Connection::close) returns once its shard has
+    /// released the connection (`released`), or once the shard is gone (`gone`: why).
+    pub(crate) fn close_result(&self, released: bool, gone: Lost) -> Result<()> {
+        let undelivered = self.undelivered.load(std::sync::atomic::Ordering::Acquire);
+        let end = self
+            .end
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        match end {
+            Some(SendEnd::Lost(why)) if why != Lost::Closed => Err(Error::ConnectionLost(why)),
+            _ if !released => Err(Error::ConnectionLost(gone)),
+            // Ended without a loss of its own, but something sent did not arrive: the peer
+            // disconnected during the close, before what was queued went out.
+            _ if undelivered => Err(Error::ConnectionLost(Lost::Disconnected)),
+            _ => Ok(()),
+        }
     }
 
     pub(crate) fn end(&self, why: SendEnd) {
@@ -525,5 +556,54 @@ impl Drop for LetGo {
             tracing::error!("evchan: no thread to let go of a removed device ({e}); waiting here");
             removal::let_go(&self.0);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lost(r: Result<()>) -> Option<Lost> {
+        match r {
+            Ok(()) => None,
+            Err(Error::ConnectionLost(why)) => Some(why),
+            Err(e) => panic!("not a loss: {e:?}"),
+        }
+    }
+
+    #[test]
+    fn close_result_tells_a_clean_close_from_a_loss() {
+        // Released after a clean close (the shard ends sends with `Closed`), or after the peer
+        // closed first: clean unless something sent did not arrive.
+        for end in [
+            None,
+            Some(SendEnd::Lost(Lost::Closed)),
+            Some(SendEnd::PeerClosed),
+        ] {
+            let s = Shared::new(1);
+            if let Some(end) = end.clone() {
+                s.end(end);
+            }
+            assert_eq!(lost(s.close_result(true, Lost::Shutdown)), None, "{end:?}");
+            s.mark_undelivered();
+            assert_eq!(
+                lost(s.close_result(true, Lost::Shutdown)),
+                Some(Lost::Disconnected),
+                "{end:?}, undelivered"
+            );
+        }
+        // A loss before or during the close is reported with its cause, delivered or not.
+        let s = Shared::new(1);
+        s.end(SendEnd::Lost(Lost::DeviceRemoved));
+        assert_eq!(
+            lost(s.close_result(true, Lost::Shutdown)),
+            Some(Lost::DeviceRemoved)
+        );
+        // The shard gone before it released the connection: the shard's cause.
+        let s = Shared::new(1);
+        assert_eq!(
+            lost(s.close_result(false, Lost::Shutdown)),
+            Some(Lost::Shutdown)
+        );
     }
 }

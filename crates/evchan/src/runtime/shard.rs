@@ -1130,6 +1130,7 @@ impl<'s, 'c> Shard<'s, 'c> {
             self.cq_free[path.dev] += c.cq_reserved;
             drop(path);
         }
+        mark_if_undelivered(&c);
         if let Some(shared) = &c.shared {
             shared.end(SendEnd::Lost(Lost::Closed));
         }
@@ -1282,6 +1283,9 @@ impl<'s, 'c> Shard<'s, 'c> {
                 }
                 if let Some(shared) = &c.shared {
                     shared.permits.add_permits(1);
+                    if !ok {
+                        shared.mark_undelivered();
+                    }
                 }
                 self.dirty.push(conn);
             }
@@ -1587,6 +1591,7 @@ impl<'s, 'c> Shard<'s, 'c> {
 /// accept still waiting for `ESTABLISHED` (a peer's first message can come before it), then
 /// its receive half, once.
 fn tell_lost(c: &mut Conn<'_>, why: &Lost) {
+    mark_if_undelivered(c);
     if let Some(shared) = &c.shared {
         shared.end(SendEnd::Lost(why.clone()));
     }
@@ -1597,6 +1602,16 @@ fn tell_lost(c: &mut Conn<'_>, why: &Lost) {
         c.ended = true;
         if let Some(inbox) = &c.inbox {
             let _ = inbox.send(Delivery::Lost(why.clone()));
+        }
+    }
+}
+
+/// Records on the connection's shared state that a message it was given was not delivered,
+/// when one is still queued or in flight (its send not completed) as the connection ends.
+fn mark_if_undelivered(c: &Conn<'_>) {
+    if !c.outbox.is_empty() || c.sends_in_flight > 0 {
+        if let Some(shared) = &c.shared {
+            shared.mark_undelivered();
         }
     }
 }
