@@ -204,11 +204,7 @@ pub(super) fn watch<T>(
         if removal.is_retired() {
             continue;
         }
-        let Some(present) = verbs_devices() else {
-            continue;
-        };
-        if let Some(gone) = opened.iter().find(|n| !present.contains(n)) {
-            tracing::debug!(device = %gone, "the device's verbs node is gone");
+        if let Some(gone) = node_gone(opened) {
             match rt.upgrade() {
                 Some(rt) => rt.device_removed(Some(gone)),
                 None => {
@@ -233,14 +229,19 @@ pub(super) async fn watch_in_task(runtime: std::sync::Weak<Runtime>, opened: Vec
         if rt.removal.is_retired() || !rt.running() {
             return;
         }
-        let Some(present) = verbs_devices() else {
-            continue;
-        };
-        if let Some(gone) = opened.iter().find(|n| !present.contains(n)) {
-            tracing::debug!(device = %gone, "the device's verbs node is gone");
+        if let Some(gone) = node_gone(&opened) {
             return rt.device_removed(Some(gone));
         }
     }
+}
+
+/// One look of the watches: the first device of `opened` whose verbs device node is gone;
+/// `None` when all are there or sysfs cannot be read.
+fn node_gone(opened: &[String]) -> Option<&str> {
+    let present = verbs_devices()?;
+    let gone = opened.iter().find(|n| !present.contains(n))?;
+    tracing::debug!(device = %gone, "the device's verbs node is gone");
+    Some(gone)
 }
 
 /// The devices that have a verbs device node now (`/sys/class/infiniband_verbs/*/ibdev`);
