@@ -78,20 +78,28 @@ fn id_drop_does_not_hang_while_a_reader_waits_on_a_channel_made_blocking() {
     });
 }
 
+/// Runs `wait(timeout)`, a timed read of an idle channel that says whether it got something,
+/// within [`PROMPT`]: it must get nothing, and not before `timeout` has passed.
+fn waits_out_idle(what: &str, timeout: Duration, wait: impl FnOnce(Duration) -> bool) {
+    let start = Instant::now();
+    let got = within(PROMPT, what, || wait(timeout));
+    assert!(!got, "{what}: something on an idle channel");
+    assert!(
+        start.elapsed() >= timeout,
+        "{what}: no early None, the wait lasts its timeout"
+    );
+}
+
 #[test]
 fn cm_timed_read_is_bounded_on_a_channel_made_blocking() {
     require_device!();
     let channel = EventChannel::new().unwrap();
     clear_nonblocking_through_a_dup(channel.as_fd());
-    let start = Instant::now();
-    let got = within(PROMPT, "get_event_timeout(1 s) on an idle channel", || {
-        channel
-            .get_event_timeout(Duration::from_secs(1))
-            .unwrap()
-            .is_some()
-    });
-    assert!(!got);
-    assert!(start.elapsed() >= Duration::from_secs(1));
+    waits_out_idle(
+        "get_event_timeout(1 s) on an idle channel",
+        Duration::from_secs(1),
+        |t| channel.get_event_timeout(t).unwrap().is_some(),
+    );
 }
 
 #[test]
@@ -105,18 +113,11 @@ fn cq_event_reads_are_bounded_on_a_comp_channel_made_blocking() {
         comp.try_get_cq_event(&[&cq]).unwrap().is_none()
     });
     assert!(none);
-    let start = Instant::now();
-    let none = within(
-        PROMPT,
+    waits_out_idle(
         "get_cq_event_timeout(1 s) on an idle channel",
-        || {
-            comp.get_cq_event_timeout(&[&cq], Duration::from_secs(1))
-                .unwrap()
-                .is_none()
-        },
+        Duration::from_secs(1),
+        |t| comp.get_cq_event_timeout(&[&cq], t).unwrap().is_some(),
     );
-    assert!(none);
-    assert!(start.elapsed() >= Duration::from_secs(1));
     let n = within(PROMPT, "wait(200 ms) on an idle channel", || {
         comp.wait(&[&cq], Some(Duration::from_millis(200)), |_, _| {})
             .unwrap()
@@ -190,6 +191,10 @@ fn add_a_readable_fd_through_a_dup(
         "epoll_ctl through the dup: {}",
         std::io::Error::last_os_error()
     );
+    assert!(
+        evchan_sys::fd::poll_readable(proxy, Some(Duration::ZERO)).unwrap(),
+        "the proxy reports the foreign descriptor's readiness"
+    );
     (a, b)
 }
 
@@ -201,29 +206,14 @@ fn a_descriptor_added_to_the_cm_proxy_gives_only_spurious_readiness() {
     require_device!();
     let channel = EventChannel::new().unwrap();
     let _pair = add_a_readable_fd_through_a_dup(channel.as_fd());
-    assert!(
-        evchan_sys::fd::poll_readable(channel.as_fd(), Some(Duration::ZERO)).unwrap(),
-        "the proxy reports the foreign descriptor's readiness"
-    );
     let empty = within(PROMPT, "try_get_event on an empty channel", || {
         channel.try_get_event().unwrap().is_none()
     });
     assert!(empty);
-    let start = Instant::now();
-    let got = within(
-        PROMPT,
+    waits_out_idle(
         "get_event_timeout(300 ms) on an idle channel",
-        || {
-            channel
-                .get_event_timeout(Duration::from_millis(300))
-                .unwrap()
-                .is_some()
-        },
-    );
-    assert!(!got);
-    assert!(
-        start.elapsed() >= Duration::from_millis(300),
-        "no early None: the wait lasts its timeout"
+        Duration::from_millis(300),
+        |t| channel.get_event_timeout(t).unwrap().is_some(),
     );
     let id = CmId::new(&channel, PortSpace::Tcp)
         .unwrap()
@@ -245,24 +235,14 @@ fn a_descriptor_added_to_the_comp_proxy_gives_only_spurious_readiness() {
     let comp = CompChannel::new(&ctx).unwrap();
     let cq = Cq::new(&comp, 16).unwrap();
     let _pair = add_a_readable_fd_through_a_dup(comp.fd());
-    assert!(
-        evchan_sys::fd::poll_readable(comp.fd(), Some(Duration::ZERO)).unwrap(),
-        "the proxy reports the foreign descriptor's readiness"
-    );
     let none = within(PROMPT, "try_get_cq_event", || {
         comp.try_get_cq_event(&[&cq]).unwrap().is_none()
     });
     assert!(none);
-    let start = Instant::now();
-    let none = within(PROMPT, "get_cq_event_timeout(300 ms)", || {
-        comp.get_cq_event_timeout(&[&cq], Duration::from_millis(300))
-            .unwrap()
-            .is_none()
-    });
-    assert!(none);
-    assert!(
-        start.elapsed() >= Duration::from_millis(300),
-        "no early None: the wait lasts its timeout"
+    waits_out_idle(
+        "get_cq_event_timeout(300 ms) on an idle channel",
+        Duration::from_millis(300),
+        |t| comp.get_cq_event_timeout(&[&cq], t).unwrap().is_some(),
     );
 }
 
