@@ -9,7 +9,10 @@
 //! - `cm_event/queued_ack`: reading and acking an event that is already queued, per event:
 //!   [`QUEUED`] ids resolve their addresses (untimed), then the channel is drained, each event
 //!   read, its kind checked and acked (timed); the ids are destroyed after (untimed). A read
-//!   that finds its event not queued yet stops the clock while it waits.
+//!   that finds its event not queued yet stops the clock while it waits. `async` drains the
+//!   same queue the way a tokio user reads the channel (the read of `resolve_addr`'s `async`,
+//!   below, which awaits readiness only when a read finds nothing), each block of reads in one
+//!   `block_on` of a current_thread runtime, started after every event is queued.
 //! - `cm_event/empty_read`: a non-blocking read of an empty channel (`try_get_event` → `None`,
 //!   and `rdma_get_cm_event` on an `O_NONBLOCK` descriptor → `EAGAIN`): the wrapper's own cost.
 //!
@@ -49,7 +52,7 @@ use std::time::{Duration, Instant};
 
 use criterion::Criterion;
 use evchan_core::cm::{EventKind, PortSpace};
-use evchan_core::{CmId, EventChannel, Readable};
+use evchan_core::{CmEvent as Event, CmId, EventChannel, Readable};
 use evchan_sys as sys;
 
 mod support;
@@ -115,6 +118,16 @@ fn ops(figure: &str, variant: &str, n: u64) {
             support::evchan_measured(n as u64, || drain_one_evchan(&channel));
             drop(ids);
         }
+        ("queued_ack", "async") => {
+            let n = usize::try_from(n).expect("a count that fits usize");
+            let rt = support::runtime();
+            let readable = rt.block_on(async { channel.readable() }).expect("AsyncFd");
+            let ids = queue_evchan(&channel, dst, n);
+            support::wait_queued();
+            // As for `resolve_addr`: one block_on, the runtime's own work counted too.
+            support::evchan_measured(1, || drain_async(&rt, &channel, &readable, n));
+            drop(ids);
+        }
         ("queued_ack", "raw") => {
             raw.set_nonblocking();
             let ids = raw.queue(&mut sin, timeout_ms, usize::try_from(n).expect("usize"));
@@ -163,6 +176,13 @@ fn paired(figure: &str, variant: &str, block: u64, pairs: usize) {
             drop(ids);
             took
         }
+        ("queued_ack", "async") => {
+            let ids = queue_evchan(&channel, dst, n);
+            support::wait_queued();
+            let took = support::timed(|| drain_async(&rt, &channel, &readable, n));
+            drop(ids);
+            took
+        }
         ("queued_ack", "raw") => {
             raw.set_nonblocking();
             let ids = raw.queue(&mut sin, timeout_ms, n);
@@ -198,19 +218,39 @@ async fn resolve_cycle_async(channel: &EventChannel, readable: &Readable<'_>, ds
     let id = id
         .resolve_addr(None, dst, RESOLVE_TIMEOUT)
         .expect("rdma_resolve_addr");
-    let event = loop {
-        if let Some(event) = channel.try_get_event().expect("rdma_get_cm_event") {
-            break event;
-        }
-        let mut guard = readable.ready().await.expect("readiness");
-        match channel.try_get_event().expect("rdma_get_cm_event") {
-            Some(event) => break event,
-            None => guard.clear_ready(),
-        }
-    };
+    let event = next_event_async(channel, readable).await;
     let id = id.addr_resolved(&event).expect("ADDR_RESOLVED");
     event.ack();
     drop(black_box(id));
+}
+
+/// The next event, read as a tokio user reads the channel: a read, and on `None` await
+/// readiness, clear it and read again.
+async fn next_event_async<'c>(channel: &'c EventChannel, readable: &Readable<'_>) -> Event<'c> {
+    loop {
+        if let Some(event) = channel.try_get_event().expect("rdma_get_cm_event") {
+            return event;
+        }
+        let mut guard = readable.ready().await.expect("readiness");
+        match channel.try_get_event().expect("rdma_get_cm_event") {
+            Some(event) => return event,
+            None => guard.clear_ready(),
+        }
+    }
+}
+
+/// `n` reads of `cm_event/queued_ack/async` (their events queued), in one `block_on`.
+fn drain_async(
+    rt: &tokio::runtime::Runtime,
+    channel: &EventChannel,
+    readable: &Readable<'_>,
+    n: usize,
+) {
+    rt.block_on(async {
+        for _ in 0..n {
+            check_and_ack(next_event_async(channel, readable).await);
+        }
+    });
 }
 
 /// One read of `cm_event/empty_read/evchan`.
@@ -236,14 +276,26 @@ fn queue_evchan(channel: &EventChannel, dst: SocketAddr, n: usize) -> Vec<impl S
 fn try_drain_one_evchan(channel: &EventChannel) -> bool {
     match channel.try_get_event().expect("rdma_get_cm_event") {
         Some(event) => {
-            assert!(
-                event.kind() == EventKind::AddrResolved && event.raw_status() == 0,
-                "unexpected {event:?}"
-            );
-            event.ack();
+            check_and_ack(event);
             true
         }
         None => false,
+    }
+}
+
+/// A queued event's check (`ADDR_RESOLVED`, status 0) and ack.
+fn check_and_ack(event: Event<'_>) {
+    assert!(
+        event.kind() == EventKind::AddrResolved && event.raw_status() == 0,
+        "unexpected {event:?}"
+    );
+    event.ack();
+}
+
+/// The events of `ids` (one each), waited for and acked.
+fn drain_evchan<T>(channel: &EventChannel, ids: &[T]) {
+    for _ in ids {
+        drain_one_evchan(channel);
     }
 }
 
@@ -317,6 +369,31 @@ fn queued_ack(c: &mut Criterion) {
             took
         });
     });
+
+    // The async read awaits only when a read finds nothing, so its blocks are timed whole
+    // (runtime included) once every event is known to be queued: a witness id on a channel of
+    // its own resolves after the block's ids, and ib_addr's ordered workqueue (`addr_wq`)
+    // queues a local resolution's event at once, in the order asked, so the witness's event
+    // comes after theirs.
+    let rt = support::runtime();
+    let readable = rt.block_on(async { channel.readable() }).expect("AsyncFd");
+    let witness = EventChannel::new().expect("rdma_create_event_channel");
+    group.bench_function("async", |b| {
+        b.iter_custom(|iters| {
+            let mut took = Duration::ZERO;
+            let mut left = iters;
+            while left > 0 {
+                let n = QUEUED.min(usize::try_from(left).unwrap_or(QUEUED));
+                let ids = queue_evchan(&channel, dst, n);
+                drain_evchan(&witness, &queue_evchan(&witness, dst, 1));
+                took += support::timed(|| drain_async(&rt, &channel, &readable, n));
+                drop(ids);
+                left -= n as u64;
+            }
+            took
+        });
+    });
+    drop(readable);
 
     let raw = RawChannel::new();
     raw.set_nonblocking();

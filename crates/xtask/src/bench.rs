@@ -56,7 +56,7 @@ pub(crate) const WORSE: f64 = 1.05;
 /// Every variant's count is divided by its operations; each figure's `raw` is its baseline.
 const CALLGRIND: &[(&str, &str, &[&str], u64)] = &[
     ("cm_event", "resolve_addr", &["evchan", "async", "raw"], 100),
-    ("cm_event", "queued_ack", &["evchan", "raw"], 200),
+    ("cm_event", "queued_ack", &["evchan", "async", "raw"], 200),
     ("cm_event", "empty_read", &["evchan", "raw"], 5000),
     (
         "cq_event",
@@ -75,6 +75,7 @@ const PAIRED: &[(&str, &str, &str, u64, usize)] = &[
     ("cm_event", "resolve_addr", "evchan", 20, 30),
     ("cm_event", "resolve_addr", "async", 20, 30),
     ("cm_event", "queued_ack", "evchan", 100, 40),
+    ("cm_event", "queued_ack", "async", 100, 40),
     ("cm_event", "empty_read", "evchan", 2000, 30),
     ("cq_event", "send_completion", "evchan", 100, 30),
     ("cq_event", "send_completion", "async", 100, 30),
