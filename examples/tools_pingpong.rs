@@ -3,9 +3,9 @@
 //! `cargo xtask bench --tools`.
 //!
 //! ```text
-//! tools_pingpong --serve IP:PORT [--busy-poll-us N] [--in-task]
+//! tools_pingpong --serve IP:PORT [--busy-poll-us N] [--in-task] [--spawn]
 //! tools_pingpong --connect IP:PORT [--iters N] [--size BYTES] [--busy-poll-us N] [--warmup N]
-//!                [--in-task]
+//!                [--in-task] [--spawn]
 //! ```
 //!
 //! The server accepts one connection, sends every message back until the peer closes, and exits.
@@ -17,8 +17,12 @@
 //! (event mode); with it they poll for that window before sleeping (`Config::busy_poll`).
 //! Both sides use one shard and a current-thread tokio runtime. Without `--in-task` the shard
 //! runs on a thread of its own (driver `threads`); with it (`Config::in_task(true)`) it runs as a
-//! task on that current-thread runtime (driver `task`). The result line
-//! `@tools pingpong mode=event|busy driver=threads|task size=N stats=...` says which.
+//! task on that current-thread runtime (driver `task`). With `--spawn` each side's loop runs in a
+//! task of its own (`tokio::spawn`) rather than in `block_on`'s future, as an application that
+//! spawns a task per connection does (waking `block_on`'s future writes to the runtime's eventfd
+//! and takes a turn of its reactor; waking a task only puts it on the run queue). The result line
+//! `@tools pingpong mode=event|busy driver=threads|task app=block_on|spawn size=N stats=...`
+//! says which.
 
 use std::net::SocketAddr;
 use std::process::ExitCode;
@@ -31,8 +35,9 @@ use tools_support::{emit, fail, us, Stats};
 
 const PROGRAM: &str = "tools_pingpong";
 const USAGE: &str = "usage: tools_pingpong --serve IP:PORT | --connect IP:PORT [--iters N] \
-                     [--size BYTES] [--busy-poll-us N] [--warmup N] [--in-task]";
+                     [--size BYTES] [--busy-poll-us N] [--warmup N] [--in-task] [--spawn]";
 
+#[derive(Clone)]
 struct Args {
     serve: Option<SocketAddr>,
     connect: Option<SocketAddr>,
@@ -41,6 +46,7 @@ struct Args {
     warmup: usize,
     busy_poll: Option<Duration>,
     in_task: bool,
+    spawn: bool,
 }
 
 fn main() -> ExitCode {
@@ -52,13 +58,21 @@ fn main() -> ExitCode {
         warmup: 16,
         busy_poll: None,
         in_task: false,
+        spawn: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
-        // The one flag without a value.
-        if flag == "--in-task" {
-            a.in_task = true;
-            continue;
+        // The flags without a value.
+        match flag.as_str() {
+            "--in-task" => {
+                a.in_task = true;
+                continue;
+            }
+            "--spawn" => {
+                a.spawn = true;
+                continue;
+            }
+            _ => {}
         }
         let value = it
             .next()
@@ -90,15 +104,29 @@ fn main() -> ExitCode {
         .enable_all()
         .build()
         .unwrap_or_else(|e| fail(PROGRAM, format!("tokio: {e}")));
-    let result = match (a.serve, a.connect) {
-        (Some(addr), None) => rt.block_on(serve(addr, config)),
-        (None, Some(addr)) => rt.block_on(client(addr, config, &a)),
+    let result = match (a.serve, a.connect, a.spawn) {
+        (Some(addr), None, false) => rt.block_on(serve(addr, config)),
+        (None, Some(addr), false) => rt.block_on(client(addr, config, &a)),
+        (Some(addr), None, true) => rt.block_on(spawned(serve(addr, config))),
+        (None, Some(addr), true) => {
+            let a = a.clone();
+            rt.block_on(spawned(async move { client(addr, config, &a).await }))
+        }
         _ => fail(PROGRAM, USAGE),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => fail(PROGRAM, e),
     }
+}
+
+/// `side` in a task of its own (`--spawn`).
+async fn spawned(
+    side: impl std::future::Future<Output = Result<(), Error>> + Send + 'static,
+) -> Result<(), Error> {
+    tokio::spawn(side)
+        .await
+        .unwrap_or_else(|e| fail(PROGRAM, format!("the task failed: {e}")))
 }
 
 async fn serve(addr: SocketAddr, config: Config) -> Result<(), Error> {
@@ -154,11 +182,13 @@ async fn client(addr: SocketAddr, config: Config, a: &Args) -> Result<(), Error>
         "event"
     };
     let driver = if a.in_task { "task" } else { "threads" };
+    let app = if a.spawn { "spawn" } else { "block_on" };
     emit(
         "pingpong",
         &[
             ("mode", mode.to_owned()),
             ("driver", driver.to_owned()),
+            ("app", app.to_owned()),
             ("size", a.size.to_string()),
             ("stats", stats.fields().replace(' ', ",")),
         ],
