@@ -11,7 +11,9 @@
 //!   mode, `ib_send_lat -R` (busy polling) against it with `Config::busy_poll`; each mode with
 //!   both drivers of the async API, in the same rounds: the shard on a thread of its own
 //!   (`threads`, the default) and the shard as a task on the caller's current-thread runtime
-//!   (`task`, `Config::in_task(true)`, `tools_pingpong --in-task`); `ib_send_lat` reports half
+//!   (`task`, `Config::in_task(true)`, `tools_pingpong --in-task`), each side's loop in
+//!   `block_on`'s future, and `task` again with the loop in a spawned task (`--spawn`);
+//!   `ib_send_lat` reports half
 //!   a round trip (`t_typical` is the median of the time between two posts of the client,
 //!   divided by 2; `99% percentile` likewise), so its figures are doubled here;
 //! - CM events per second for 256 connections through 1, 2 and 4 event channels: the async
@@ -64,10 +66,12 @@ const IN_FLIGHT: u32 = 32;
 const DRAIN_ROUNDS: u32 = 32;
 /// The `tools_events` layers, in the order of their rows.
 const EVENT_LAYERS: &[&str] = &["async", "core", "drain", "spin"];
-/// The async ping-pong's drivers: (`driver=` of its result line, `tools_pingpong` flags, label).
+/// The async ping-pong's drivers: (`driver=` of its result line, with `-spawn` where its
+/// `app=spawn`; `tools_pingpong` flags; label).
 const DRIVERS: &[(&str, &str, &str)] = &[
     ("threads", "", "threads"),
     ("task", " --in-task", "in-task"),
+    ("task-spawn", " --in-task --spawn", "in-task, spawned loop"),
 ];
 /// The busy-poll window of the async ping-pong (longer than a round trip in the VM, so the
 /// shards never sleep between two messages, as `ib_send_lat -R` never does).

@@ -101,7 +101,11 @@ impl Results {
              Ours: `tools_pingpong` (async `Connection::send` then `recv`, one shard each side, \
              a current-thread tokio runtime per side), with each driver in the same rounds: \
              `threads` (the shard on a thread of its own, the default) and `in-task` \
-             (`Config::in_task(true)`: the shard a task on that runtime); baseline: \
+             (`Config::in_task(true)`: the shard a task on that runtime), each with the side's \
+             loop in `block_on`'s future; `in-task, spawned loop` is `in-task` with each side's \
+             loop in a task of its own (`--spawn`, as an application that spawns a task per \
+             connection: waking `block_on`'s future writes the runtime's eventfd and takes a turn \
+             of its reactor, waking a task only queues it); baseline: \
              `ib_send_lat -R [-e] -s 64 -n {}`, its half-round-trip figures doubled \
              (p50 from `t_typical`, p99 from `99% percentile`). Busy-poll: \
              `Config::busy_poll({BUSY_POLL_US} µs)`. The p99 column gives ours / the tool's. \

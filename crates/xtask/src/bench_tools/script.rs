@@ -110,7 +110,7 @@ mod tests {
     use crate::bench_tools::{CHANNELS, DRAIN_ROUNDS, EVENT_LAYERS};
 
     #[test]
-    fn script_runs_both_drivers_in_every_ping_pong_round() {
+    fn script_runs_every_driver_in_every_ping_pong_round() {
         let plan = Plan {
             cm_rounds: 1,
             lat_rounds: 2,
@@ -119,18 +119,20 @@ mod tests {
         };
         let s = script(Path::new("/x"), &plan);
         let pp: Vec<&str> = s.lines().filter(|l| l.starts_with("pp ")).collect();
-        assert_eq!(pp.len(), 8, "{s}");
+        assert_eq!(pp.len(), 12, "{s}");
         for (i, want) in [
             "pp --iters 300 --size 64",
             "pp --iters 300 --size 64 --in-task",
+            "pp --iters 300 --size 64 --in-task --spawn",
             "pp --iters 300 --size 64 --busy-poll-us 1000",
             "pp --iters 300 --size 64 --busy-poll-us 1000 --in-task",
+            "pp --iters 300 --size 64 --busy-poll-us 1000 --in-task --spawn",
         ]
         .iter()
         .enumerate()
         {
             assert_eq!(pp[i], *want);
-            assert_eq!(pp[i + 4], *want);
+            assert_eq!(pp[i + 6], *want);
         }
         assert_eq!(s.lines().filter(|l| l.starts_with("isl ")).count(), 4);
     }
