@@ -58,6 +58,15 @@ pub(super) struct Env<'s, 'c> {
     pub(super) removal: &'s super::removal::Removal,
 }
 
+impl Env<'_, '_> {
+    /// The one place that decides that a connection ended because its device was removed:
+    /// [`Lost::DeviceRemoved`] when its event said so (`removed`) or, whatever ended it, once
+    /// the runtime retired (`lose` and `on_disconnected` say why); `None` otherwise.
+    fn removal_cause(&self, removed: bool) -> Option<Lost> {
+        (removed || self.removal.is_retired()).then_some(Lost::DeviceRemoved)
+    }
+}
+
 /// A request migrated here from the listener's shard.
 pub(super) struct Migrated<'s> {
     id: CmId<'s, Requested>,

@@ -338,13 +338,13 @@ impl<'s, 'c> Shard<'s, 'c> {
         c.id.disconnect();
         // A peer in another retiring runtime of this process may disconnect before this
         // shard is told: the cause is still the removal.
-        let lost = if removed || self.env.removal.is_retired() {
-            Some(Lost::DeviceRemoved)
-        } else if c.closing || c.credits.as_ref().is_none_or(Credits::fin_received) {
-            None
-        } else {
-            Some(Lost::Disconnected)
-        };
+        let lost = self.env.removal_cause(removed).or_else(|| {
+            if c.closing || c.credits.as_ref().is_none_or(Credits::fin_received) {
+                None
+            } else {
+                Some(Lost::Disconnected)
+            }
+        });
         if !c.ended {
             c.ended = true;
             if let Some(inbox) = &c.inbox {

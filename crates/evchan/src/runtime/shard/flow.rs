@@ -45,11 +45,7 @@ impl<'s, 'c> Shard<'s, 'c> {
         // Whatever ends a connection once the runtime retired (a peer of another retiring
         // runtime of this process that went first, the flushes of its QP), the cause is the
         // removal.
-        let why = if self.env.removal.is_retired() {
-            Lost::DeviceRemoved
-        } else {
-            why
-        };
+        let why = self.env.removal_cause(false).unwrap_or(why);
         let Some(c) = self.conns.get_mut(&conn) else {
             return;
         };
