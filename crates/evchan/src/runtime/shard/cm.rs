@@ -1,0 +1,375 @@
+//! The rdma_cm side: the commands that make, answer and close ids (connect, listen, accept,
+//! reject, close) and the event channel's events (requests and their migration to a shard,
+//! disconnection).
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use tokio::sync::{mpsc, oneshot};
+
+use evchan_core::cm::state::Requested;
+use evchan_core::cm::{EventKind, PortSpace};
+use evchan_core::{CmEvent, CmId};
+
+use super::setup::{conn_param, handshake, resolve_failed};
+use super::{Listening, Migrated, Shard, DRAIN_TIMEOUT};
+use crate::config::Config;
+use crate::error::{Error, Lost, Result, Step};
+use crate::proto::{self, Credits, Peer};
+use crate::runtime::conn::{Conn, IdState, Phase};
+use crate::runtime::half_open::{HalfOpen, HalfOpenLimit};
+use crate::runtime::{ConnId, Delivery, SendEnd};
+
+impl<'s, 'c> Shard<'s, 'c> {
+    pub(super) fn connect(
+        &mut self,
+        conn: ConnId,
+        addr: SocketAddr,
+        config: Config,
+        private_data: Vec<u8>,
+        reply: oneshot::Sender<Result<crate::Connection>>,
+    ) {
+        let id = match CmId::new(self.channel, PortSpace::Tcp) {
+            Ok(id) => id,
+            Err(e) => return drop(reply.send(Err(e.into()))),
+        };
+        let id = match id.resolve_addr(None, addr, config.addr_timeout) {
+            Ok(id) => id,
+            Err(e) => return drop(reply.send(Err(resolve_failed(Step::Address, e.error)))),
+        };
+        let key = id.key();
+        let mut c = Conn::new(
+            conn,
+            IdState::ResolvingAddr(id),
+            Phase::Setup(Step::Address),
+            config,
+        );
+        c.deadline = Some(Instant::now() + c.config.addr_timeout + Duration::from_secs(1));
+        tracing::debug!(parent: &c.span, %addr, "connecting");
+        c.private_data = private_data;
+        c.reply = Some(reply);
+        c.peer_addr = Some(addr);
+        self.by_key.insert(key, conn);
+        self.conns.insert(conn, c);
+    }
+
+    pub(super) fn listen(
+        &mut self,
+        conn: ConnId,
+        addr: SocketAddr,
+        config: Config,
+    ) -> Result<(SocketAddr, mpsc::Receiver<crate::Incoming>)> {
+        let id = CmId::new(self.channel, PortSpace::Tcp)?;
+        let id = id.bind(addr).map_err(|e| e.error)?;
+        let backlog = i32::try_from(config.backlog).unwrap_or(i32::MAX);
+        let id = id.listen(backlog).map_err(|e| e.error)?;
+        let local = id.local_addr().unwrap_or(addr);
+        let (tx, rx) = mpsc::channel(config.backlog as usize);
+        self.listener_keys.insert(id.key(), conn);
+        self.listeners.insert(
+            conn,
+            Listening {
+                id,
+                half_open: HalfOpenLimit::new(config.backlog),
+                config,
+                accept_queue: tx,
+            },
+        );
+        tracing::debug!(?conn, %local, "listening");
+        Ok((local, rx))
+    }
+
+    pub(super) fn accept(
+        &mut self,
+        conn: ConnId,
+        private_data: Vec<u8>,
+        reply: oneshot::Sender<Result<crate::Connection>>,
+    ) {
+        let Some(c) = self.conns.get_mut(&conn) else {
+            return drop(reply.send(Err(Error::ConnectionLost(Lost::Disconnected))));
+        };
+        let IdState::Requested(_) = &c.id else {
+            return drop(reply.send(Err(Error::ConnectionLost(Lost::Closed))));
+        };
+        c.private_data = private_data;
+        c.reply = Some(reply);
+        c.phase = Phase::Setup(Step::Connect);
+        c.deadline = Some(Instant::now() + c.config.connect_timeout);
+        if let Err(e) = self.setup_path(conn) {
+            return self.fail_setup(conn, e);
+        }
+        let c = self.conns.get_mut(&conn).expect("present");
+        let IdState::Requested(id) = std::mem::replace(&mut c.id, IdState::Gone) else {
+            unreachable!("checked above")
+        };
+        let wire = handshake(c);
+        match id.accept(&conn_param(&wire, c.config.retry_count)) {
+            Ok(id) => c.id = IdState::Connecting(id),
+            Err(e) => {
+                c.id = IdState::Requested(e.id);
+                self.fail_setup(conn, e.error.into());
+            }
+        }
+    }
+
+    pub(super) fn reject(&mut self, conn: ConnId, private_data: &[u8]) {
+        let Some(mut c) = self.remove(conn) else {
+            return;
+        };
+        if let IdState::Requested(id) = std::mem::replace(&mut c.id, IdState::Gone) {
+            if let Err(e) = id.reject(private_data) {
+                tracing::debug!(?conn, "reject failed: {}", e.error);
+            }
+        }
+        self.release(conn, c);
+    }
+
+    pub(super) fn close(&mut self, conn: ConnId, reply: Option<oneshot::Sender<()>>) {
+        let Some(c) = self.conns.get_mut(&conn) else {
+            if let Some(r) = reply {
+                let _ = r.send(());
+            }
+            return;
+        };
+        c.close_waiters.extend(reply);
+        c.inbox = None;
+        match c.phase {
+            Phase::Open => {
+                // No deadline while queued messages wait for the peer's credits: a live peer
+                // that reads slowly gets everything. Once the FIN is posted, the transport's
+                // retries bound the rest, and DRAIN_TIMEOUT after that.
+                c.want_fin = true;
+                c.closing = true;
+                self.dirty.push(conn);
+            }
+            Phase::Draining => {}
+            Phase::Setup(_) | Phase::Requested => {
+                if let Some(r) = c.reply.take() {
+                    let _ = r.send(Err(Error::ConnectionLost(Lost::Closed)));
+                }
+                if let Some(c) = self.remove(conn) {
+                    self.release(conn, c);
+                }
+            }
+        }
+    }
+
+    // ---------------------------------------------------------------------------------------
+    // rdma_cm events
+    // ---------------------------------------------------------------------------------------
+
+    pub(super) fn drain_cm(&mut self) {
+        loop {
+            match self.channel.try_get_event() {
+                Ok(Some(event)) => self.on_cm_event(event),
+                Ok(None) => break,
+                Err(e) => {
+                    tracing::error!("rdma_get_cm_event: {e}");
+                    break;
+                }
+            }
+        }
+    }
+
+    fn on_cm_event(&mut self, mut event: CmEvent<'s>) {
+        let kind = event.kind();
+        if kind == EventKind::DeviceRemoval {
+            let id = event.id();
+            drop(event);
+            return self.on_device_removal(id);
+        }
+        if kind == EventKind::ConnectRequest {
+            let Some(listener) = event.listener().and_then(|k| self.listener_keys.get(&k)) else {
+                return;
+            };
+            let listener = *listener;
+            let private_data = event.private_data().to_vec();
+            let request = event.take_request();
+            event.ack();
+            if let Some(id) = request {
+                self.on_request(listener, id, &private_data);
+            }
+            return;
+        }
+        if let Some(&l) = self.listener_keys.get(&event.id()) {
+            if kind == EventKind::DeviceRemoval {
+                tracing::debug!(listener = ?l, "device removed under the listener");
+                if let Some(l) = self.listeners.remove(&l) {
+                    self.listener_keys.remove(&l.id.key());
+                }
+            }
+            return;
+        }
+        let Some(&conn) = self.by_key.get(&event.id()) else {
+            return;
+        };
+        let phase = self.conns.get(&conn).map(|c| c.phase);
+        if let Some(c) = self.conns.get(&conn) {
+            tracing::debug!(parent: &c.span, %kind, status = %event.status(), ?phase, "cm event");
+        }
+        match phase {
+            Some(Phase::Setup(_) | Phase::Requested) => self.on_setup_event(conn, &event),
+            Some(Phase::Open | Phase::Draining) => match kind {
+                EventKind::Disconnected | EventKind::DeviceRemoval => {
+                    drop(event);
+                    self.on_disconnected(conn, kind == EventKind::DeviceRemoval);
+                }
+                _ => {}
+            },
+            None => {}
+        }
+    }
+
+    fn on_request(&mut self, listener: ConnId, id: CmId<'s, Requested>, private_data: &[u8]) {
+        let Some(l) = self.listeners.get(&listener) else {
+            return;
+        };
+        let peer = match proto::decode(private_data) {
+            Ok(p) => p,
+            Err(e) => {
+                tracing::debug!("request with a bad handshake rejected: {e}");
+                let _ = id.reject(b"evchan: bad handshake");
+                return;
+            }
+        };
+        let Some(ticket) = l.half_open.take().filter(|_| l.accept_queue.capacity() > 0) else {
+            tracing::debug!("backlog of half-open connections full: request rejected");
+            let _ = id.reject(&[]);
+            return;
+        };
+        let Some(rt) = self.runtime() else {
+            let _ = id.reject(&[]);
+            return;
+        };
+        let conn = rt.conn_id();
+        let target = usize::try_from(conn.0).unwrap_or(0) % self.env.peers.len();
+        let m = Migrated {
+            id,
+            conn,
+            config: l.config.clone(),
+            peer,
+            accept_queue: l.accept_queue.clone(),
+            ticket,
+        };
+        if target == self.env.index {
+            return self.on_migrated(m);
+        }
+        let Migrated {
+            id,
+            conn,
+            config,
+            peer,
+            accept_queue,
+            ticket,
+        } = m;
+        match id.migrate(&self.env.channels[target]) {
+            Ok(id) => {
+                let m = Migrated {
+                    id,
+                    conn,
+                    config,
+                    peer,
+                    accept_queue,
+                    ticket,
+                };
+                if let Err(back) = self.env.peers[target].send(m) {
+                    let _ = back.0.id.reject(&[]);
+                }
+            }
+            Err(e) => self.on_migrated(Migrated {
+                id: e.id,
+                conn,
+                config,
+                peer,
+                accept_queue,
+                ticket,
+            }),
+        }
+    }
+
+    pub(super) fn on_migrated(&mut self, m: Migrated<'s>) {
+        let Some(rt) = self.runtime() else {
+            let _ = m.id.reject(&[]);
+            return;
+        };
+        let key = m.id.key();
+        let peer_addr = m.id.peer_addr();
+        let local_addr = m.id.local_addr();
+        let private_data = match &m.peer {
+            Peer::Evchan(_, user) | Peer::Plain(user) => user.clone(),
+        };
+        let incoming = crate::Incoming::new(
+            rt.shard(self.env.index),
+            m.conn,
+            peer_addr,
+            local_addr,
+            private_data,
+        );
+        if m.accept_queue.try_send(incoming).is_err() {
+            // Backlog full or the listener is gone. (The Incoming's drop sends a reject that
+            // finds nothing: the id is rejected here.)
+            let _ = m.id.reject(&[]);
+            return;
+        }
+        let mut c = Conn::new(m.conn, IdState::Requested(m.id), Phase::Requested, m.config);
+        tracing::debug!(parent: &c.span, peer = ?peer_addr, "request");
+        half_open(&mut c, m.ticket);
+        c.peer = Some(m.peer);
+        c.peer_addr = peer_addr;
+        c.local_addr = local_addr;
+        self.by_key.insert(key, m.conn);
+        self.conns.insert(m.conn, c);
+    }
+
+    fn on_disconnected(&mut self, conn: ConnId, removed: bool) {
+        // Completions that came before the disconnect are delivered first.
+        if let Some(d) = self
+            .conns
+            .get(&conn)
+            .and_then(|c| c.path.as_ref())
+            .map(|p| p.dev)
+        {
+            let _ = self.poll_cq(d);
+        }
+        let Some(c) = self.conns.get_mut(&conn) else {
+            return;
+        };
+        c.disconnected = true;
+        c.id.disconnect();
+        // A peer in another retiring runtime of this process may disconnect before this
+        // shard is told: the cause is still the removal.
+        let lost = self.env.removal_cause(removed).or_else(|| {
+            if c.closing || c.credits.as_ref().is_none_or(Credits::fin_received) {
+                None
+            } else {
+                Some(Lost::Disconnected)
+            }
+        });
+        if !c.ended {
+            c.ended = true;
+            if let Some(inbox) = &c.inbox {
+                let _ = inbox.send(match &lost {
+                    None => Delivery::Fin,
+                    Some(l) => Delivery::Lost(l.clone()),
+                });
+            }
+        }
+        if let Some(shared) = &c.shared {
+            shared.end(match lost {
+                Some(l) => SendEnd::Lost(l),
+                None if c.closing => SendEnd::Lost(Lost::Closed),
+                None => SendEnd::PeerClosed,
+            });
+        }
+        c.phase = Phase::Draining;
+        c.deadline = Some(Instant::now() + DRAIN_TIMEOUT);
+        self.try_finish(conn);
+    }
+}
+
+/// Gives a request its half-open ticket and its deadline: unanswered, or accepted and not
+/// established, for `connect_timeout`, it goes (see [`crate::runtime::half_open`]).
+fn half_open(c: &mut Conn<'_>, ticket: HalfOpen) {
+    c.half_open = Some(ticket);
+    c.deadline = Some(Instant::now() + c.config.connect_timeout);
+}

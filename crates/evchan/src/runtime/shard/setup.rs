@@ -1,0 +1,378 @@
+//! A connection's setup: the address, route and connect steps until `ESTABLISHED`, its
+//! path (QP, slot pools, posted receives), the handshake in the private data, and the
+//! setup's failure.
+
+use std::io;
+use std::time::{Duration, Instant};
+
+use tokio::sync::mpsc;
+
+use evchan_core::cm::state::Requested;
+use evchan_core::cm::{ConnParam, EventKind, Status};
+use evchan_core::verbs::{Cq, Pd, PostedSlot, QpInit, Slot, SlotPool};
+use evchan_core::{CmEvent, CmId};
+
+use super::{PostedWr, Shard, WrKind};
+use crate::error::{Error, Lost, Result, Step};
+use crate::proto::{self, Credits, Handshake, Peer};
+use crate::runtime::conn::{Conn, IdState, Path, Phase};
+use crate::runtime::{ConnId, Established, Shared};
+
+impl<'s, 'c> Shard<'s, 'c> {
+    pub(super) fn on_setup_event(&mut self, conn: ConnId, event: &CmEvent<'s>) {
+        let c = self.conns.get_mut(&conn).expect("present");
+        let kind = event.kind();
+        let status = event.status();
+        let state = std::mem::replace(&mut c.id, IdState::Gone);
+        let result: Result<()> = match (state, kind) {
+            (IdState::ResolvingAddr(id), EventKind::AddrResolved) => {
+                match id.addr_resolved(event) {
+                    Ok(id) => match id.resolve_route(c.config.route_timeout) {
+                        Ok(id) => {
+                            c.id = IdState::ResolvingRoute(id);
+                            c.phase = Phase::Setup(Step::Route);
+                            c.deadline = Some(
+                                Instant::now() + c.config.route_timeout + Duration::from_secs(1),
+                            );
+                            Ok(())
+                        }
+                        Err(e) => Err(resolve_failed(Step::Route, e.error)),
+                    },
+                    Err(e) => Err(e.error.into()),
+                }
+            }
+            (IdState::ResolvingRoute(id), EventKind::RouteResolved) => {
+                match id.route_resolved(event) {
+                    Ok(id) => {
+                        // The id borrows the CQ for the QP below; its state is RouteResolved.
+                        return self.connect_routed(conn, id);
+                    }
+                    Err(e) => Err(e.error.into()),
+                }
+            }
+            (IdState::Connecting(id), EventKind::Established) => match id.established(event) {
+                Ok(id) => {
+                    c.id = IdState::Connected(id);
+                    let peer_data = event.private_data().to_vec();
+                    return self.on_established(conn, &peer_data);
+                }
+                Err(e) => {
+                    c.id = IdState::Connecting(e.id);
+                    Err(e.error.into())
+                }
+            },
+            (state, EventKind::AddrError) => {
+                c.id = state;
+                Err(status_error(Step::Address, status))
+            }
+            (state, EventKind::RouteError) => {
+                c.id = state;
+                Err(status_error(Step::Route, status))
+            }
+            (state, EventKind::Rejected) => {
+                c.id = state;
+                let private_data = match proto::decode(event.private_data()) {
+                    Ok(Peer::Evchan(_, user)) => user,
+                    _ => trim_zeros(event.private_data()),
+                };
+                Err(Error::Rejected {
+                    reason: status
+                        .reject_reason()
+                        .unwrap_or(evchan_core::cm::RejectReason(event.raw_status())),
+                    private_data,
+                })
+            }
+            (state, EventKind::Unreachable) => {
+                c.id = state;
+                Err(match status.io_error() {
+                    Some(e) if e.raw_os_error() == Some(libc_etimedout()) => {
+                        Error::TimedOut(Step::Connect)
+                    }
+                    _ => Error::Unreachable(status.to_string()),
+                })
+            }
+            (state, EventKind::ConnectError) => {
+                c.id = state;
+                Err(Error::Connect(status.to_string()))
+            }
+            (state, EventKind::Disconnected | EventKind::DeviceRemoval) => {
+                c.id = state;
+                Err(Error::ConnectionLost(if kind == EventKind::DeviceRemoval {
+                    Lost::DeviceRemoved
+                } else {
+                    Lost::Disconnected
+                }))
+            }
+            (state, _) => {
+                c.id = state;
+                tracing::debug!(?conn, %kind, "event ignored during setup");
+                Ok(())
+            }
+        };
+        if let Err(e) = result {
+            self.fail_setup(conn, e);
+        }
+    }
+
+    fn connect_routed(
+        &mut self,
+        conn: ConnId,
+        id: CmId<'s, evchan_core::cm::state::RouteResolved>,
+    ) {
+        let c = self.conns.get_mut(&conn).expect("present");
+        c.phase = Phase::Setup(Step::Connect);
+        c.deadline = Some(Instant::now() + c.config.connect_timeout);
+        let mut id = id;
+        if let Err(e) = self.make_path(conn, &mut PathTarget::Routed(&mut id)) {
+            drop(id);
+            return self.fail_setup(conn, e);
+        }
+        let c = self.conns.get_mut(&conn).expect("present");
+        let wire = handshake(c);
+        match id.connect(&conn_param(&wire, c.config.retry_count)) {
+            Ok(id) => c.id = IdState::Connecting(id),
+            Err(e) => {
+                drop(e.id);
+                self.fail_setup(conn, e.error.into());
+            }
+        }
+    }
+
+    fn on_established(&mut self, conn: ConnId, peer_data: &[u8]) {
+        let Some(rt) = self.runtime() else {
+            return self.fail_setup(conn, Error::ConnectionLost(Lost::Closed));
+        };
+        let c = self.conns.get_mut(&conn).expect("present");
+        if c.peer.is_none() {
+            match proto::decode(peer_data) {
+                Ok(p) => c.peer = Some(p),
+                Err(e) => return self.fail_setup(conn, e.into()),
+            }
+        }
+        let path = c.path.as_ref().expect("a connected id has its path");
+        let mut max_send = c.config.max_message as usize;
+        c.credits = match c.peer.as_ref() {
+            Some(Peer::Evchan(hs, _)) => {
+                max_send = max_send.min(hs.max_message as usize);
+                Some(Credits::new(path.mine, *hs))
+            }
+            _ => None,
+        };
+        let (tx, inbox) = mpsc::unbounded_channel();
+        let shared = Shared::new(c.config.send_depth);
+        c.inbox = Some(tx);
+        c.shared = Some(shared.clone());
+        c.phase = Phase::Open;
+        c.deadline = None;
+        c.half_open = None;
+        if let IdState::Connected(id) = &c.id {
+            c.local_addr = id.local_addr();
+            c.peer_addr = id.peer_addr().or(c.peer_addr);
+        }
+        let peer = c.peer.clone().unwrap_or(Peer::Plain(Vec::new()));
+        let established = Established {
+            conn,
+            shard: rt.shard(self.env.index),
+            inbox,
+            shared,
+            local_addr: c.local_addr,
+            peer_addr: c.peer_addr,
+            peer,
+            max_send,
+        };
+        tracing::debug!(parent: &c.span, peer = ?c.peer_addr, early = c.early.len(), "established");
+        let early = std::mem::take(&mut c.early);
+        if let Some(reply) = c.reply.take() {
+            // A connect or accept future dropped meanwhile drops the connection with the
+            // reply: its halves' drop closes it.
+            let _ = reply.send(Ok(crate::Connection::from_established(established)));
+        }
+        for (slot, wc) in early {
+            if self
+                .conns
+                .get(&conn)
+                .is_some_and(|c| c.phase == Phase::Open)
+            {
+                self.on_recv(conn, slot, &wc);
+            }
+        }
+        self.dirty.push(conn);
+        self.keepalive_opened(conn);
+    }
+
+    // ---------------------------------------------------------------------------------------
+    // Setup helpers
+    // ---------------------------------------------------------------------------------------
+
+    /// Creates the QP, registers the slot pools and posts every receive, for an accepted
+    /// request.
+    pub(super) fn setup_path(&mut self, conn: ConnId) -> Result<()> {
+        let c = self.conns.get_mut(&conn).expect("present");
+        let IdState::Requested(mut id) = std::mem::replace(&mut c.id, IdState::Gone) else {
+            unreachable!("checked by the caller")
+        };
+        let r = self.make_path(conn, &mut PathTarget::Requested(&mut id));
+        self.conns.get_mut(&conn).expect("present").id = IdState::Requested(id);
+        r
+    }
+
+    fn make_path(&mut self, conn: ConnId, target: &mut PathTarget<'_, 's>) -> Result<()> {
+        let name = target.device_name();
+        let dev = self
+            .env
+            .names
+            .iter()
+            .position(|n| *n == name)
+            .ok_or(Error::Exhausted(
+                "the id's device was not open when the runtime started",
+            ))?;
+        let c = self.conns.get_mut(&conn).expect("present");
+        let cost = c.config.cq_cost();
+        if self.cq_free[dev] < cost {
+            return Err(Error::Exhausted(
+                "CQ entries of the shard (see Config::cq_entries)",
+            ));
+        }
+        let config = &c.config;
+        let ctrl = u32::from(config.ctrl_slots);
+        let init = QpInit::new()
+            .max_send_wr(config.send_depth + ctrl)
+            .max_recv_wr(config.recv_depth + ctrl)
+            .max_sge(1);
+        let pd = &self.env.pds[dev];
+        let cq = &self.env.cqs[dev];
+        target.create_qp(pd, cq, &init)?;
+        let slot_size = config.max_message as usize;
+        let (recv_pool, recv_slots) =
+            SlotPool::new((config.recv_depth + ctrl) as usize, slot_size)?;
+        let (send_pool, mut send_slots) =
+            SlotPool::new((config.send_depth + ctrl) as usize, slot_size)?;
+        let recv_mr = pd.reg_mr(recv_pool)?;
+        let send_mr = pd.reg_mr(send_pool)?;
+        let free_ctrl = send_slots.split_off(config.send_depth as usize);
+        let mine = Handshake {
+            data_slots: config.recv_depth,
+            ctrl_slots: config.ctrl_slots,
+            max_message: config.max_message,
+        };
+        self.cq_free[dev] -= cost;
+        c.cq_reserved = cost;
+        let path = Path {
+            dev,
+            recv_mr,
+            send_mr,
+            free_data: send_slots,
+            free_ctrl,
+            mine,
+        };
+        for slot in recv_slots {
+            let posted = target
+                .post_recv(&path, slot)
+                .map_err(|e| Error::Verbs(e.error))?;
+            c.outstanding += 1;
+            self.posted.insert(
+                posted.wr_id(),
+                PostedWr {
+                    conn,
+                    slot: posted,
+                    kind: WrKind::Recv,
+                },
+            );
+        }
+        c.path = Some(path);
+        Ok(())
+    }
+
+    pub(super) fn fail_setup(&mut self, conn: ConnId, error: Error) {
+        if let Some(mut c) = self.remove(conn) {
+            tracing::debug!(parent: &c.span, "setup failed: {error}");
+            if let Some(reply) = c.reply.take() {
+                let _ = reply.send(Err(error));
+            }
+            self.release(conn, c);
+        }
+    }
+}
+
+fn status_error(step: Step, status: Status) -> Error {
+    match status.io_error() {
+        Some(e) if e.raw_os_error() == Some(libc_etimedout()) => Error::TimedOut(step),
+        Some(source) => Error::Resolve { step, source },
+        None => Error::Resolve {
+            step,
+            source: io::Error::other(status.to_string()),
+        },
+    }
+}
+
+/// An immediate failure of `rdma_resolve_addr` / `rdma_resolve_route` (e.g. `ENETUNREACH`).
+pub(super) fn resolve_failed(step: Step, e: evchan_core::Error) -> Error {
+    match e {
+        evchan_core::Error::Os { source, .. } => Error::Resolve { step, source },
+        e => e.into(),
+    }
+}
+
+fn libc_etimedout() -> i32 {
+    io::Error::from(io::ErrorKind::TimedOut)
+        .raw_os_error()
+        .unwrap_or(110)
+}
+
+/// This side's handshake and the user's private data, for `rdma_connect` / `rdma_accept`.
+pub(super) fn handshake(c: &Conn<'_>) -> Vec<u8> {
+    c.path
+        .as_ref()
+        .map(|p| p.mine.encode(&c.private_data))
+        .unwrap_or_default()
+}
+
+/// The connection parameters of both sides: `wire` as private data, RNR retried without
+/// end, as plain librdmacm programs expect (evchan peers never cause an RNR: credits), and the
+/// transport's retries (`Config::retry_count`; the IB CM takes the connecting side's for both).
+pub(super) fn conn_param(wire: &[u8], retry_count: u8) -> ConnParam<'_> {
+    ConnParam::new()
+        .private_data(wire)
+        .rnr_retry_count(7)
+        .retry_count(retry_count)
+}
+
+/// The padding RoCE adds to private data, taken off a plain peer's reject data.
+fn trim_zeros(data: &[u8]) -> Vec<u8> {
+    let end = data.iter().rposition(|&b| b != 0).map_or(0, |i| i + 1);
+    data[..end].to_vec()
+}
+
+/// The id a path is made for: routed (active side) or requested (passive side).
+enum PathTarget<'a, 's> {
+    Routed(&'a mut CmId<'s, evchan_core::cm::state::RouteResolved>),
+    Requested(&'a mut CmId<'s, Requested>),
+}
+
+impl<'s> PathTarget<'_, 's> {
+    fn device_name(&self) -> String {
+        match self {
+            PathTarget::Routed(id) => id.verbs().name(),
+            PathTarget::Requested(id) => id.verbs().name(),
+        }
+    }
+
+    fn create_qp(&mut self, pd: &'s Pd<'_>, cq: &'s Cq<'_>, init: &QpInit) -> Result<()> {
+        match self {
+            PathTarget::Routed(id) => id.create_qp_with(pd, cq, cq, init),
+            PathTarget::Requested(id) => id.create_qp_with(pd, cq, cq, init),
+        }
+        .map_err(Error::from)
+    }
+
+    fn post_recv(
+        &self,
+        path: &Path<'s>,
+        slot: Slot,
+    ) -> std::result::Result<PostedSlot, evchan_core::verbs::SlotPostError> {
+        match self {
+            PathTarget::Routed(id) => id.post_recv_slot(&path.recv_mr, slot),
+            PathTarget::Requested(id) => id.post_recv_slot(&path.recv_mr, slot),
+        }
+    }
+}
