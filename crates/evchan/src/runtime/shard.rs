@@ -61,7 +61,8 @@ pub(super) struct Env<'s, 'c> {
 impl Env<'_, '_> {
     /// The one place that decides that a connection ended because its device was removed:
     /// [`Lost::DeviceRemoved`] when its event said so (`removed`) or, whatever ended it, once
-    /// the runtime retired (`lose` and `on_disconnected` say why); `None` otherwise.
+    /// the runtime retired (`lose` and `on_disconnected` say why; a setup ended by a disconnect
+    /// too); `None` otherwise.
     fn removal_cause(&self, removed: bool) -> Option<Lost> {
         (removed || self.removal.is_retired()).then_some(Lost::DeviceRemoved)
     }

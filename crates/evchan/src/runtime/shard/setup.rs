@@ -97,11 +97,13 @@ impl<'s, 'c> Shard<'s, 'c> {
             }
             (state, EventKind::Disconnected | EventKind::DeviceRemoval) => {
                 c.id = state;
-                Err(Error::ConnectionLost(if kind == EventKind::DeviceRemoval {
-                    Lost::DeviceRemoved
-                } else {
-                    Lost::Disconnected
-                }))
+                // Once the runtime retired, whatever ended the setup, the cause is the removal
+                // (as for established connections).
+                Err(Error::ConnectionLost(
+                    self.env
+                        .removal_cause(kind == EventKind::DeviceRemoval)
+                        .unwrap_or(Lost::Disconnected),
+                ))
             }
             (state, _) => {
                 c.id = state;
