@@ -6,6 +6,8 @@
 //! tools_pingpong --serve IP:PORT [--busy-poll-us N] [--in-task] [--spawn]
 //! tools_pingpong --connect IP:PORT [--iters N] [--size BYTES] [--busy-poll-us N] [--warmup N]
 //!                [--in-task] [--spawn]
+//! tools_pingpong --layer core --serve IP:PORT | --connect IP:PORT [--iters N] [--size BYTES]
+//!                [--busy-poll-us N] [--warmup N]
 //! ```
 //!
 //! The server accepts one connection, sends every message back until the peer closes, and exits.
@@ -22,7 +24,9 @@
 //! spawns a task per connection does (waking `block_on`'s future writes to the runtime's eventfd
 //! and takes a turn of its reactor; waking a task only puts it on the run queue). The result line
 //! `@tools pingpong mode=event|busy driver=threads|task app=block_on|spawn size=N stats=...`
-//! says which.
+//! says which. `--layer core` runs the same ping-pong through `evchan-core` alone, one thread
+//! per side and no runtime (`tools_pingpong_core`; `driver=core`; busy-poll with any
+//! `--busy-poll-us`).
 
 use std::net::SocketAddr;
 use std::process::ExitCode;
@@ -30,12 +34,14 @@ use std::time::{Duration, Instant};
 
 use evchan::{Config, Connection, Error, Listener};
 
+mod tools_pingpong_core;
 mod tools_support;
 use tools_support::{emit, fail, us, Stats};
 
-const PROGRAM: &str = "tools_pingpong";
+pub(crate) const PROGRAM: &str = "tools_pingpong";
 const USAGE: &str = "usage: tools_pingpong --serve IP:PORT | --connect IP:PORT [--iters N] \
-                     [--size BYTES] [--busy-poll-us N] [--warmup N] [--in-task] [--spawn]";
+                     [--size BYTES] [--busy-poll-us N] [--warmup N] [--in-task] [--spawn] \
+                     [--layer async|core]";
 
 #[derive(Clone)]
 struct Args {
@@ -47,6 +53,7 @@ struct Args {
     busy_poll: Option<Duration>,
     in_task: bool,
     spawn: bool,
+    core: bool,
 }
 
 fn main() -> ExitCode {
@@ -59,6 +66,7 @@ fn main() -> ExitCode {
         busy_poll: None,
         in_task: false,
         spawn: false,
+        core: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -86,6 +94,11 @@ fn main() -> ExitCode {
             "--iters" => a.iters = number(&value).max(1),
             "--size" => a.size = number(&value).max(1),
             "--warmup" => a.warmup = number(&value),
+            "--layer" => match value.as_str() {
+                "async" => a.core = false,
+                "core" => a.core = true,
+                _ => bad(&"async or core"),
+            },
             "--busy-poll-us" => {
                 a.busy_poll = Some(Duration::from_micros(number(&value) as u64));
             }
@@ -94,6 +107,9 @@ fn main() -> ExitCode {
     }
     if !tools_support::device_present(PROGRAM) {
         return ExitCode::SUCCESS;
+    }
+    if a.core {
+        return core(&a);
     }
     let config = Config::new()
         .shards(1)
@@ -118,6 +134,38 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => fail(PROGRAM, e),
     }
+}
+
+/// `--layer core`: the ping-pong through `evchan-core` alone.
+fn core(a: &Args) -> ExitCode {
+    let wait = if a.busy_poll.is_some() {
+        tools_pingpong_core::Wait::Busy
+    } else {
+        tools_pingpong_core::Wait::Event
+    };
+    match (a.serve, a.connect) {
+        (Some(addr), None) => tools_pingpong_core::serve(addr, a.size, wait),
+        (None, Some(addr)) => {
+            let rtt = tools_pingpong_core::client(addr, a.size, a.warmup, a.iters, wait);
+            let stats = Stats::of(&rtt).expect("at least one round trip");
+            let mode = if a.busy_poll.is_some() {
+                "busy"
+            } else {
+                "event"
+            };
+            emit(
+                "pingpong",
+                &[
+                    ("mode", mode.to_owned()),
+                    ("driver", "core".to_owned()),
+                    ("size", a.size.to_string()),
+                    ("stats", stats.fields().replace(' ', ",")),
+                ],
+            );
+        }
+        _ => fail(PROGRAM, USAGE),
+    }
+    ExitCode::SUCCESS
 }
 
 /// `side` in a task of its own (`--spawn`).

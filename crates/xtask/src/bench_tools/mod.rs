@@ -12,7 +12,9 @@
 //!   both drivers of the async API, in the same rounds: the shard on a thread of its own
 //!   (`threads`, the default) and the shard as a task on the caller's current-thread runtime
 //!   (`task`, `Config::in_task(true)`, `tools_pingpong --in-task`), each side's loop in
-//!   `block_on`'s future, and `task` again with the loop in a spawned task (`--spawn`);
+//!   `block_on`'s future, and `task` again with the loop in a spawned task (`--spawn`); and,
+//!   beside them, the layer under the async API, `evchan-core` alone with one thread per
+//!   side (`core`, `tools_pingpong --layer core`);
 //!   `ib_send_lat` reports half
 //!   a round trip (`t_typical` is the median of the time between two posts of the client,
 //!   divided by 2; `99% percentile` likewise), so its figures are doubled here;
@@ -72,6 +74,8 @@ const DRIVERS: &[(&str, &str, &str)] = &[
     ("threads", "", "threads"),
     ("task", " --in-task", "in-task"),
     ("task-spawn", " --in-task --spawn", "in-task, spawned loop"),
+    // Not the async API: evchan-core alone, one thread per side (what the layer under it costs).
+    ("core", " --layer core", "core layer, no runtime"),
 ];
 /// The busy-poll window of the async ping-pong (longer than a round trip in the VM, so the
 /// shards never sleep between two messages, as `ib_send_lat -R` never does).

@@ -1,0 +1,260 @@
+//! `tools_pingpong --layer core`: the same 64 B ping-pong through `evchan-core` alone, one
+//! thread per side and no async runtime, as `ib_send_lat -R` does it: an rdma_cm connection
+//! whose QP is on the caller's PD and CQ, receives posted before the connection, and each
+//! message a signaled SEND of a registered slot (`post_send_slot`; the library's way, so a send
+//! completion per message, which `ib_send_lat` does not ask for). Busy-poll (`--busy-poll-us`,
+//! any value) spins on `Cq::poll_one`; event mode waits on the CQ's completion channel
+//! (`Cq::wait`: arm, poll, wait, read and ack the event, poll).
+//!
+//! The server echoes every message until the client disconnects; the client times each round
+//! trip (post of the message → its echo's receive completion).
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use evchan_core::cm::{ConnParam, EventKind, PortSpace};
+use evchan_core::verbs::{CompChannel, Cq, Pd, PostedSlot, QpInit, Slot, SlotPool, WorkCompletion};
+use evchan_core::{CmEvent, CmId, EventChannel};
+
+use crate::tools_support::fail;
+use crate::PROGRAM;
+
+/// Receives kept posted on each side (the peer has one message in flight).
+const RECVS: usize = 8;
+/// Send slots: one in flight, its completion reaped before or after the echo.
+const SENDS: usize = 4;
+const TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How a side waits for its completions.
+#[derive(Clone, Copy)]
+pub enum Wait {
+    Busy,
+    Event,
+}
+
+/// The next event on `ch`, checked to be `kind`.
+fn expect(ch: &EventChannel, kind: EventKind) -> CmEvent<'_> {
+    let ev = ch
+        .get_event_timeout(TIMEOUT)
+        .unwrap_or_else(|e| fail(PROGRAM, format!("rdma_get_cm_event: {e}")))
+        .unwrap_or_else(|| fail(PROGRAM, format!("no {kind} within {TIMEOUT:?}")));
+    if ev.kind() != kind {
+        fail(PROGRAM, format!("expected {kind}, got {ev:?}"));
+    }
+    ev
+}
+
+fn check<T, E: std::fmt::Display>(r: Result<T, E>, what: &str) -> T {
+    r.unwrap_or_else(|e| fail(PROGRAM, format!("{what}: {e}")))
+}
+
+/// One side's verbs objects and slots once its QP exists.
+struct Side<'a> {
+    cq: &'a Cq<'a>,
+    recvs: Vec<PostedSlot>,
+    sends: Vec<PostedSlot>,
+    free: Vec<Slot>,
+    wait: Wait,
+}
+
+impl Side<'_> {
+    /// Waits until every send has completed.
+    fn reap_sends(&mut self) {
+        let deadline = Instant::now() + TIMEOUT;
+        while !self.sends.is_empty() {
+            if Instant::now() > deadline {
+                fail(
+                    PROGRAM,
+                    format!("a send did not complete within {TIMEOUT:?}"),
+                );
+            }
+            if let Some(wc) = check(self.cq.poll_one(), "ibv_poll_cq") {
+                if let Some(i) = self.sends.iter().position(|p| p.is_completed_by(&wc)) {
+                    let p = self.sends.swap_remove(i);
+                    self.free
+                        .push(p.complete(&wc).unwrap_or_else(|_| unreachable!()));
+                }
+            }
+        }
+    }
+
+    /// Waits for the next receive completion, reaping send completions on the way; the
+    /// received slot (`None` at a failed receive: the peer disconnected).
+    fn recv(&mut self) -> Option<Slot> {
+        loop {
+            let mut got = None;
+            let mut on_wc = |wc: WorkCompletion| {
+                if let Some(i) = self.sends.iter().position(|p| p.is_completed_by(&wc)) {
+                    let p = self.sends.swap_remove(i);
+                    self.free
+                        .push(p.complete(&wc).unwrap_or_else(|_| unreachable!()));
+                } else if let Some(i) = self.recvs.iter().position(|p| p.is_completed_by(&wc)) {
+                    let p = self.recvs.swap_remove(i);
+                    let slot = p.complete(&wc).unwrap_or_else(|_| unreachable!());
+                    got = Some(wc.is_success().then_some(slot));
+                } else {
+                    fail(PROGRAM, format!("an unknown completion {wc:?}"));
+                }
+            };
+            match self.wait {
+                Wait::Busy => {
+                    if let Some(wc) = check(self.cq.poll_one(), "ibv_poll_cq") {
+                        on_wc(wc);
+                    }
+                }
+                Wait::Event => {
+                    let n = check(self.cq.wait(Some(TIMEOUT), &mut on_wc), "the CQ's wait");
+                    if n == 0 {
+                        fail(PROGRAM, format!("no completion within {TIMEOUT:?}"));
+                    }
+                }
+            }
+            if let Some(got) = got {
+                return got;
+            }
+        }
+    }
+}
+
+/// Echoes every message of one client until it disconnects.
+pub fn serve(addr: SocketAddr, size: usize, wait: Wait) {
+    let ch = check(EventChannel::new(), "rdma_create_event_channel");
+    let listener = check(CmId::new(&ch, PortSpace::Tcp), "rdma_create_id");
+    let listener = check(
+        check(listener.bind(addr), "rdma_bind_addr").listen(8),
+        "rdma_listen",
+    );
+    let mut req = expect(&ch, EventKind::ConnectRequest);
+    let id = req.take_request().expect("a request's id");
+    req.ack();
+    let ctx = check(id.context(), "the request's context");
+    let pd = check(Pd::new(&ctx), "ibv_alloc_pd");
+    let comp = check(CompChannel::new(&ctx), "ibv_create_comp_channel");
+    let cq = check(Cq::new(&comp, 64), "ibv_create_cq");
+    let (pool, slots) = check(SlotPool::new(RECVS + SENDS, size.max(64)), "slots");
+    let mr = check(pd.reg_mr(pool), "ibv_reg_mr");
+    // Rebound after the objects its QP borrows, so that it goes before them.
+    let mut id = id;
+    check(
+        id.create_qp_with(&pd, &cq, &cq, &QpInit::new()),
+        "rdma_create_qp",
+    );
+    let mut side = Side {
+        cq: &cq,
+        recvs: Vec::new(),
+        sends: Vec::new(),
+        free: slots,
+        wait,
+    };
+    for _ in 0..RECVS {
+        let slot = side.free.pop().expect("a slot");
+        side.recvs
+            .push(check(id.post_recv_slot(&mr, slot), "ibv_post_recv"));
+    }
+    let id = check(id.accept(&ConnParam::new()), "rdma_accept");
+    let ev = expect(&ch, EventKind::Established);
+    let id = check(id.established(&ev), "ESTABLISHED");
+    ev.ack();
+    // Until the client's empty message (or a failed receive).
+    while let Some(msg) = side.recv().filter(|m| !m.is_empty()) {
+        let mut out = side.free.pop().expect("a send slot");
+        check(out.copy_from(msg.as_slice()), "the echo");
+        side.recvs
+            .push(check(id.post_recv_slot(&mr, msg), "ibv_post_recv"));
+        side.sends
+            .push(check(id.post_send_slot(&mr, out, None), "ibv_post_send"));
+    }
+    // Both sides disconnect on the empty message, whichever goes first: the other's call
+    // may find the connection gone, which ends it as well.
+    let _ = id.disconnect();
+    drop(listener);
+}
+
+/// Connects (retrying while nobody listens yet), runs `warmup` untimed and `iters` timed round
+/// trips of `size` bytes; the round trips' times in µs.
+pub fn client(addr: SocketAddr, size: usize, warmup: usize, iters: usize, wait: Wait) -> Vec<f64> {
+    let ch = check(EventChannel::new(), "rdma_create_event_channel");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let id = check(CmId::new(&ch, PortSpace::Tcp), "rdma_create_id");
+        let id = check(id.resolve_addr(None, addr, TIMEOUT), "rdma_resolve_addr");
+        let ev = expect(&ch, EventKind::AddrResolved);
+        let id = check(id.addr_resolved(&ev), "ADDR_RESOLVED");
+        ev.ack();
+        let id = check(id.resolve_route(TIMEOUT), "rdma_resolve_route");
+        let ev = expect(&ch, EventKind::RouteResolved);
+        let id = check(id.route_resolved(&ev), "ROUTE_RESOLVED");
+        ev.ack();
+        let ctx = check(id.context(), "the id's context");
+        let pd = check(Pd::new(&ctx), "ibv_alloc_pd");
+        let comp = check(CompChannel::new(&ctx), "ibv_create_comp_channel");
+        let cq = check(Cq::new(&comp, 64), "ibv_create_cq");
+        let (pool, slots) = check(SlotPool::new(RECVS + SENDS, size.max(64)), "slots");
+        let mr = check(pd.reg_mr(pool), "ibv_reg_mr");
+        let mut id = id;
+        check(
+            id.create_qp_with(&pd, &cq, &cq, &QpInit::new()),
+            "rdma_create_qp",
+        );
+        let mut side = Side {
+            cq: &cq,
+            recvs: Vec::new(),
+            sends: Vec::new(),
+            free: slots,
+            wait,
+        };
+        for _ in 0..RECVS {
+            let slot = side.free.pop().expect("a slot");
+            side.recvs
+                .push(check(id.post_recv_slot(&mr, slot), "ibv_post_recv"));
+        }
+        let id = check(id.connect(&ConnParam::new()), "rdma_connect");
+        let ev = check(ch.get_event_timeout(TIMEOUT), "rdma_get_cm_event")
+            .unwrap_or_else(|| fail(PROGRAM, "no answer to the connect"));
+        if ev.kind() == EventKind::Rejected && Instant::now() < deadline {
+            // Nobody listens yet: again, on a new id.
+            ev.ack();
+            drop(side);
+            drop(id);
+            std::thread::sleep(Duration::from_millis(50));
+            continue;
+        }
+        if ev.kind() != EventKind::Established {
+            fail(PROGRAM, format!("connect: {ev:?}"));
+        }
+        let id = check(id.established(&ev), "ESTABLISHED");
+        ev.ack();
+        let mut rtt = Vec::with_capacity(iters);
+        let mut msg = vec![0x5au8; size];
+        for i in 0..warmup + iters {
+            let seq = (i as u64).to_be_bytes();
+            let k = size.min(seq.len());
+            msg[..k].copy_from_slice(&seq[..k]);
+            let t = Instant::now();
+            let mut out = side.free.pop().expect("a send slot");
+            check(out.copy_from(&msg), "the message");
+            side.sends
+                .push(check(id.post_send_slot(&mr, out, None), "ibv_post_send"));
+            let back = side
+                .recv()
+                .unwrap_or_else(|| fail(PROGRAM, "the peer went away"));
+            let took = t.elapsed();
+            if back.as_slice() != msg.as_slice() {
+                fail(PROGRAM, format!("the echo of message {i} differs"));
+            }
+            side.recvs
+                .push(check(id.post_recv_slot(&mr, back), "ibv_post_recv"));
+            if i >= warmup {
+                rtt.push(crate::tools_support::us(took));
+            }
+        }
+        // The end: an empty message, once it is through.
+        let mut end = side.free.pop().expect("a send slot");
+        check(end.set_len(0), "the end");
+        side.sends
+            .push(check(id.post_send_slot(&mr, end, None), "ibv_post_send"));
+        side.reap_sends();
+        let _ = id.disconnect();
+        return rtt;
+    }
+}
