@@ -346,27 +346,16 @@ fn queued_ack(c: &mut Criterion) {
     let channel = EventChannel::new().expect("rdma_create_event_channel");
     group.bench_function("evchan", |b| {
         b.iter_custom(|iters| {
-            let mut took = Duration::ZERO;
-            let mut left = iters;
-            while left > 0 {
-                let n = QUEUED.min(usize::try_from(left).unwrap_or(QUEUED));
+            in_blocks(iters, |n| {
                 let ids = queue_evchan(&channel, dst, n);
-                let mut done = 0;
-                while done < n {
-                    let start = Instant::now();
-                    while done < n && try_drain_one_evchan(&channel) {
-                        done += 1;
-                    }
-                    took += start.elapsed();
-                    if done < n {
-                        // Not queued yet: wait with the clock stopped.
-                        support::wait_readable(channel.as_fd());
-                    }
-                }
+                let took = timed_drain(
+                    n,
+                    || try_drain_one_evchan(&channel),
+                    || support::wait_readable(channel.as_fd()),
+                );
                 drop(ids);
-                left -= n as u64;
-            }
-            took
+                took
+            })
         });
     });
 
@@ -380,17 +369,13 @@ fn queued_ack(c: &mut Criterion) {
     let witness = EventChannel::new().expect("rdma_create_event_channel");
     group.bench_function("async", |b| {
         b.iter_custom(|iters| {
-            let mut took = Duration::ZERO;
-            let mut left = iters;
-            while left > 0 {
-                let n = QUEUED.min(usize::try_from(left).unwrap_or(QUEUED));
+            in_blocks(iters, |n| {
                 let ids = queue_evchan(&channel, dst, n);
                 drain_evchan(&witness, &queue_evchan(&witness, dst, 1));
-                took += support::timed(|| drain_async(&rt, &channel, &readable, n));
+                let took = support::timed(|| drain_async(&rt, &channel, &readable, n));
                 drop(ids);
-                left -= n as u64;
-            }
-            took
+                took
+            })
         });
     });
     drop(readable);
@@ -401,29 +386,51 @@ fn queued_ack(c: &mut Criterion) {
     let timeout_ms = i32::try_from(RESOLVE_TIMEOUT.as_millis()).expect("a small timeout");
     group.bench_function("raw", |b| {
         b.iter_custom(|iters| {
-            let mut took = Duration::ZERO;
-            let mut left = iters;
-            while left > 0 {
-                let n = QUEUED.min(usize::try_from(left).unwrap_or(QUEUED));
+            in_blocks(iters, |n| {
                 let ids = raw.queue(&mut sin, timeout_ms, n);
-                let mut done = 0;
-                while done < n {
-                    let start = Instant::now();
-                    while done < n && raw.try_drain_one() {
-                        done += 1;
-                    }
-                    took += start.elapsed();
-                    if done < n {
-                        support::wait_readable(raw.fd());
-                    }
-                }
+                let took = timed_drain(
+                    n,
+                    || raw.try_drain_one(),
+                    || support::wait_readable(raw.fd()),
+                );
                 raw.destroy_ids(ids);
-                left -= n as u64;
-            }
-            took
+                took
+            })
         });
     });
     group.finish();
+}
+
+/// `iters` operations of `cm_event/queued_ack` in blocks of at most [`QUEUED`]: `block(n)`
+/// queues `n` events, reads them and returns the time its reads took.
+fn in_blocks(iters: u64, mut block: impl FnMut(usize) -> Duration) -> Duration {
+    let mut took = Duration::ZERO;
+    let mut left = iters;
+    while left > 0 {
+        let n = QUEUED.min(usize::try_from(left).unwrap_or(QUEUED));
+        took += block(n);
+        left -= n as u64;
+    }
+    took
+}
+
+/// The time `try_one` takes to read `n` events; a read that finds none stops the clock while
+/// `wait` waits for the next.
+fn timed_drain(n: usize, mut try_one: impl FnMut() -> bool, mut wait: impl FnMut()) -> Duration {
+    let mut took = Duration::ZERO;
+    let mut done = 0;
+    while done < n {
+        let start = Instant::now();
+        while done < n && try_one() {
+            done += 1;
+        }
+        took += start.elapsed();
+        if done < n {
+            // Not queued yet: wait with the clock stopped.
+            wait();
+        }
+    }
+    took
 }
 
 fn empty_read(c: &mut Criterion) {

@@ -12,8 +12,11 @@
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
+use evchan_core::cm::state::CanCreateQp;
 use evchan_core::cm::{ConnParam, EventKind, PortSpace};
-use evchan_core::verbs::{CompChannel, Cq, Pd, PostedSlot, QpInit, Slot, SlotPool, WorkCompletion};
+use evchan_core::verbs::{
+    CompChannel, Cq, Mr, Pd, PostedSlot, QpInit, Slot, SlotPool, WorkCompletion,
+};
 use evchan_core::{CmEvent, CmId, EventChannel};
 
 use crate::tools_support::fail;
@@ -116,22 +119,20 @@ impl Side<'_> {
     }
 }
 
-/// Echoes every message of one client until it disconnects.
-pub fn serve(addr: SocketAddr, size: usize, wait: Wait) {
-    let ch = check(EventChannel::new(), "rdma_create_event_channel");
-    let listener = check(CmId::new(&ch, PortSpace::Tcp), "rdma_create_id");
-    let listener = check(
-        check(listener.bind(addr), "rdma_bind_addr").listen(8),
-        "rdma_listen",
-    );
-    let mut req = expect(&ch, EventKind::ConnectRequest);
-    let id = req.take_request().expect("a request's id");
-    req.ack();
-    let ctx = check(id.context(), "the request's context");
+/// Makes the id's verbs objects (a PD, a completion channel and CQ, a registered pool of
+/// slots) on its device, its QP on them, posts the receives, and runs `f` with the id and its
+/// side; everything goes when `f` returns.
+fn with_qp<S: CanCreateQp, R>(
+    id: CmId<'_, S>,
+    size: usize,
+    wait: Wait,
+    f: impl for<'a> FnOnce(CmId<'a, S>, Side<'a>, &'a Mr<'a, SlotPool>) -> R,
+) -> R {
+    let ctx = check(id.context(), "the id's context");
     let pd = check(Pd::new(&ctx), "ibv_alloc_pd");
     let comp = check(CompChannel::new(&ctx), "ibv_create_comp_channel");
     let cq = check(Cq::new(&comp, 64), "ibv_create_cq");
-    let (pool, slots) = check(SlotPool::new(RECVS + SENDS, size.max(64)), "slots");
+    let (pool, free) = check(SlotPool::new(RECVS + SENDS, size.max(64)), "slots");
     let mr = check(pd.reg_mr(pool), "ibv_reg_mr");
     // Rebound after the objects its QP borrows, so that it goes before them.
     let mut id = id;
@@ -143,7 +144,7 @@ pub fn serve(addr: SocketAddr, size: usize, wait: Wait) {
         cq: &cq,
         recvs: Vec::new(),
         sends: Vec::new(),
-        free: slots,
+        free,
         wait,
     };
     for _ in 0..RECVS {
@@ -151,22 +152,38 @@ pub fn serve(addr: SocketAddr, size: usize, wait: Wait) {
         side.recvs
             .push(check(id.post_recv_slot(&mr, slot), "ibv_post_recv"));
     }
-    let id = check(id.accept(&ConnParam::new()), "rdma_accept");
-    let ev = expect(&ch, EventKind::Established);
-    let id = check(id.established(&ev), "ESTABLISHED");
-    ev.ack();
-    // Until the client's empty message (or a failed receive).
-    while let Some(msg) = side.recv().filter(|m| !m.is_empty()) {
-        let mut out = side.free.pop().expect("a send slot");
-        check(out.copy_from(msg.as_slice()), "the echo");
-        side.recvs
-            .push(check(id.post_recv_slot(&mr, msg), "ibv_post_recv"));
-        side.sends
-            .push(check(id.post_send_slot(&mr, out, None), "ibv_post_send"));
-    }
-    // Both sides disconnect on the empty message, whichever goes first: the other's call
-    // may find the connection gone, which ends it as well.
-    let _ = id.disconnect();
+    f(id, side, &mr)
+}
+
+/// Echoes every message of one client until it disconnects.
+pub fn serve(addr: SocketAddr, size: usize, wait: Wait) {
+    let ch = check(EventChannel::new(), "rdma_create_event_channel");
+    let listener = check(CmId::new(&ch, PortSpace::Tcp), "rdma_create_id");
+    let listener = check(
+        check(listener.bind(addr), "rdma_bind_addr").listen(8),
+        "rdma_listen",
+    );
+    let mut req = expect(&ch, EventKind::ConnectRequest);
+    let id = req.take_request().expect("a request's id");
+    req.ack();
+    with_qp(id, size, wait, |id, mut side, mr| {
+        let id = check(id.accept(&ConnParam::new()), "rdma_accept");
+        let ev = expect(&ch, EventKind::Established);
+        let id = check(id.established(&ev), "ESTABLISHED");
+        ev.ack();
+        // Until the client's empty message (or a failed receive).
+        while let Some(msg) = side.recv().filter(|m| !m.is_empty()) {
+            let mut out = side.free.pop().expect("a send slot");
+            check(out.copy_from(msg.as_slice()), "the echo");
+            side.recvs
+                .push(check(id.post_recv_slot(mr, msg), "ibv_post_recv"));
+            side.sends
+                .push(check(id.post_send_slot(mr, out, None), "ibv_post_send"));
+        }
+        // Both sides disconnect on the empty message, whichever goes first: the other's call
+        // may find the connection gone, which ends it as well.
+        let _ = id.disconnect();
+    });
     drop(listener);
 }
 
@@ -185,76 +202,56 @@ pub fn client(addr: SocketAddr, size: usize, warmup: usize, iters: usize, wait: 
         let ev = expect(&ch, EventKind::RouteResolved);
         let id = check(id.route_resolved(&ev), "ROUTE_RESOLVED");
         ev.ack();
-        let ctx = check(id.context(), "the id's context");
-        let pd = check(Pd::new(&ctx), "ibv_alloc_pd");
-        let comp = check(CompChannel::new(&ctx), "ibv_create_comp_channel");
-        let cq = check(Cq::new(&comp, 64), "ibv_create_cq");
-        let (pool, slots) = check(SlotPool::new(RECVS + SENDS, size.max(64)), "slots");
-        let mr = check(pd.reg_mr(pool), "ibv_reg_mr");
-        let mut id = id;
-        check(
-            id.create_qp_with(&pd, &cq, &cq, &QpInit::new()),
-            "rdma_create_qp",
-        );
-        let mut side = Side {
-            cq: &cq,
-            recvs: Vec::new(),
-            sends: Vec::new(),
-            free: slots,
-            wait,
-        };
-        for _ in 0..RECVS {
-            let slot = side.free.pop().expect("a slot");
-            side.recvs
-                .push(check(id.post_recv_slot(&mr, slot), "ibv_post_recv"));
-        }
-        let id = check(id.connect(&ConnParam::new()), "rdma_connect");
-        let ev = check(ch.get_event_timeout(TIMEOUT), "rdma_get_cm_event")
-            .unwrap_or_else(|| fail(PROGRAM, "no answer to the connect"));
-        if ev.kind() == EventKind::Rejected && Instant::now() < deadline {
-            // Nobody listens yet: again, on a new id.
+        let done = with_qp(id, size, wait, |id, mut side, mr| {
+            let id = check(id.connect(&ConnParam::new()), "rdma_connect");
+            let ev = check(ch.get_event_timeout(TIMEOUT), "rdma_get_cm_event")
+                .unwrap_or_else(|| fail(PROGRAM, "no answer to the connect"));
+            if ev.kind() == EventKind::Rejected && Instant::now() < deadline {
+                // Nobody listens yet: again, on a new id.
+                ev.ack();
+                return None;
+            }
+            if ev.kind() != EventKind::Established {
+                fail(PROGRAM, format!("connect: {ev:?}"));
+            }
+            let id = check(id.established(&ev), "ESTABLISHED");
             ev.ack();
-            drop(side);
-            drop(id);
-            std::thread::sleep(Duration::from_millis(50));
-            continue;
-        }
-        if ev.kind() != EventKind::Established {
-            fail(PROGRAM, format!("connect: {ev:?}"));
-        }
-        let id = check(id.established(&ev), "ESTABLISHED");
-        ev.ack();
-        let mut rtt = Vec::with_capacity(iters);
-        let mut msg = vec![0x5au8; size];
-        for i in 0..warmup + iters {
-            let seq = (i as u64).to_be_bytes();
-            let k = size.min(seq.len());
-            msg[..k].copy_from_slice(&seq[..k]);
-            let t = Instant::now();
-            let mut out = side.free.pop().expect("a send slot");
-            check(out.copy_from(&msg), "the message");
+            let mut rtt = Vec::with_capacity(iters);
+            let mut msg = vec![0x5au8; size];
+            for i in 0..warmup + iters {
+                let seq = (i as u64).to_be_bytes();
+                let k = size.min(seq.len());
+                msg[..k].copy_from_slice(&seq[..k]);
+                let t = Instant::now();
+                let mut out = side.free.pop().expect("a send slot");
+                check(out.copy_from(&msg), "the message");
+                side.sends
+                    .push(check(id.post_send_slot(mr, out, None), "ibv_post_send"));
+                let back = side
+                    .recv()
+                    .unwrap_or_else(|| fail(PROGRAM, "the peer went away"));
+                let took = t.elapsed();
+                if back.as_slice() != msg.as_slice() {
+                    fail(PROGRAM, format!("the echo of message {i} differs"));
+                }
+                side.recvs
+                    .push(check(id.post_recv_slot(mr, back), "ibv_post_recv"));
+                if i >= warmup {
+                    rtt.push(crate::tools_support::us(took));
+                }
+            }
+            // The end: an empty message, once it is through.
+            let mut end = side.free.pop().expect("a send slot");
+            check(end.set_len(0), "the end");
             side.sends
-                .push(check(id.post_send_slot(&mr, out, None), "ibv_post_send"));
-            let back = side
-                .recv()
-                .unwrap_or_else(|| fail(PROGRAM, "the peer went away"));
-            let took = t.elapsed();
-            if back.as_slice() != msg.as_slice() {
-                fail(PROGRAM, format!("the echo of message {i} differs"));
-            }
-            side.recvs
-                .push(check(id.post_recv_slot(&mr, back), "ibv_post_recv"));
-            if i >= warmup {
-                rtt.push(crate::tools_support::us(took));
-            }
+                .push(check(id.post_send_slot(mr, end, None), "ibv_post_send"));
+            side.reap_sends();
+            let _ = id.disconnect();
+            Some(rtt)
+        });
+        if let Some(rtt) = done {
+            return rtt;
         }
-        // The end: an empty message, once it is through.
-        let mut end = side.free.pop().expect("a send slot");
-        check(end.set_len(0), "the end");
-        side.sends
-            .push(check(id.post_send_slot(&mr, end, None), "ibv_post_send"));
-        side.reap_sends();
-        let _ = id.disconnect();
-        return rtt;
+        std::thread::sleep(Duration::from_millis(50));
     }
 }
