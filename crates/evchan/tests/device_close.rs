@@ -102,6 +102,29 @@ async fn qps_settle_to(n: usize, what: &'static str) {
         .unwrap();
 }
 
+/// The two closes' results, then no QP left: the server's `Ok(())` (it sent nothing); the
+/// client's `ConnectionLost(Disconnected)` when `queued_lost` (messages still queued when the
+/// peer disconnected), `Ok(())` otherwise.
+async fn expect_closes(server: evchan::Result<()>, client: evchan::Result<()>, queued_lost: bool) {
+    assert!(
+        matches!(server, Ok(())),
+        "the server's close (it sent nothing): {server:?}"
+    );
+    if queued_lost {
+        assert!(
+            matches!(client, Err(Error::ConnectionLost(Lost::Disconnected))),
+            "the client's close ({QUEUED} messages queued when the peer disconnected): \
+             {client:?}"
+        );
+    } else {
+        assert!(
+            matches!(client, Ok(())),
+            "the client's close (everything read): {client:?}"
+        );
+    }
+    qps_settle_to(0, "both sides closed").await;
+}
+
 /// The peer closes (its own close done, it disconnects) while this side's close still has
 /// messages queued: this side's close returns `ConnectionLost(Disconnected)` — the connection
 /// itself was not lost, but what was queued never went out. The peer, which sent nothing and
@@ -119,19 +142,7 @@ async fn close_reports_disconnected_when_the_peer_closes_first() {
     let server_result = step("server close", server.close()).await;
     let client_result = step("client close", close).await.unwrap();
     drop(held);
-    assert!(
-        matches!(server_result, Ok(())),
-        "the server's close (it sent nothing, closed first): {server_result:?}"
-    );
-    assert!(
-        matches!(
-            client_result,
-            Err(Error::ConnectionLost(Lost::Disconnected))
-        ),
-        "the client's close ({QUEUED} messages queued when the peer disconnected): \
-         {client_result:?}"
-    );
-    qps_settle_to(0, "both sides closed").await;
+    expect_closes(server_result, client_result, true).await;
 }
 
 /// The companion: the same connection, but the server consumes everything (the held
@@ -157,15 +168,7 @@ async fn close_is_ok_when_the_peer_reads_everything_first() {
     assert_eq!(step("end", server.recv()).await.unwrap(), None);
     let client_result = step("client close", close).await.unwrap();
     let server_result = step("server close", server.close()).await;
-    assert!(
-        matches!(client_result, Ok(())),
-        "the client's close (everything read): {client_result:?}"
-    );
-    assert!(
-        matches!(server_result, Ok(())),
-        "the server's close (it sent nothing): {server_result:?}"
-    );
-    qps_settle_to(0, "both sides closed").await;
+    expect_closes(server_result, client_result, false).await;
 }
 
 /// The peer never reads: its `SLOTS` messages are still in its receive half when it closes.
@@ -188,16 +191,5 @@ async fn close_reports_disconnected_when_the_peer_closes_unread() {
     assert!(held.is_empty());
     let server_result = step("server close", server.close()).await;
     let client_result = step("client close", close).await.unwrap();
-    assert!(
-        matches!(server_result, Ok(())),
-        "the server's close (it sent nothing, closed first): {server_result:?}"
-    );
-    assert!(
-        matches!(
-            client_result,
-            Err(Error::ConnectionLost(Lost::Disconnected))
-        ),
-        "the client's close: {client_result:?}"
-    );
-    qps_settle_to(0, "both sides closed").await;
+    expect_closes(server_result, client_result, true).await;
 }
