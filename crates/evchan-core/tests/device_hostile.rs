@@ -166,8 +166,8 @@ fn the_cm_descriptor_handed_out_can_neither_take_events_nor_make_reads_wait() {
 
 /// Registers a descriptor that stays readable (a socket with a byte queued) with the epoll
 /// instance behind `proxy`, through a dup of it, as safe code can (rustix's or nix's epoll
-/// wrappers take any `AsFd`). Returns the socket pair, which must outlive the check.
-#[allow(unsafe_code)]
+/// wrappers take any `AsFd`; here evchan-sys's safe one). Returns the socket pair, which must
+/// outlive the check.
 fn add_a_readable_fd_through_a_dup(
     proxy: std::os::fd::BorrowedFd<'_>,
 ) -> (
@@ -178,19 +178,7 @@ fn add_a_readable_fd_through_a_dup(
     let (mut a, b) = std::os::unix::net::UnixStream::pair().unwrap();
     a.write_all(&[1]).unwrap();
     let dup = proxy.try_clone_to_owned().expect("dup");
-    let mut ev = libc::epoll_event {
-        events: libc::EPOLLIN as u32,
-        u64: 0,
-    };
-    // SAFETY: both descriptors are open for the call; `ev` is a valid epoll_event.
-    let rc =
-        unsafe { libc::epoll_ctl(dup.as_raw_fd(), libc::EPOLL_CTL_ADD, b.as_raw_fd(), &mut ev) };
-    assert_eq!(
-        rc,
-        0,
-        "epoll_ctl through the dup: {}",
-        std::io::Error::last_os_error()
-    );
+    evchan_sys::fd::epoll_add_readable(dup.as_fd(), b.as_fd()).expect("epoll_ctl through the dup");
     assert!(
         evchan_sys::fd::poll_readable(proxy, Some(Duration::ZERO)).unwrap(),
         "the proxy reports the foreign descriptor's readiness"

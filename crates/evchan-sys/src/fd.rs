@@ -61,12 +61,24 @@ pub fn readiness_proxy(fd: BorrowedFd<'_>) -> io::Result<OwnedFd> {
     // SAFETY: `ep` is a descriptor we just opened and own; nothing else closes it.
     let ep = unsafe { OwnedFd::from_raw_fd(ep) };
     set_nonblocking(ep.as_fd(), true)?;
+    epoll_add_readable(ep.as_fd(), fd)?;
+    Ok(ep)
+}
+
+/// Registers `fd` for `EPOLLIN`, level-triggered, with the epoll instance `ep`
+/// (`epoll_ctl(EPOLL_CTL_ADD)`); `ep` may be any descriptor of an epoll instance, a dup
+/// included.
+///
+/// # Errors
+/// The `epoll_ctl` error (e.g. `EEXIST` when `fd` is registered already, `EPERM` for a
+/// descriptor that cannot be polled, `EINVAL` when `ep` is no epoll instance).
+pub fn epoll_add_readable(ep: BorrowedFd<'_>, fd: BorrowedFd<'_>) -> io::Result<()> {
     let mut interest = libc::epoll_event {
         events: libc::EPOLLIN as u32,
         u64: 0,
     };
-    // SAFETY: both descriptors are open for the call (`ep` owned, `fd` borrowed) and
-    // `interest` is a valid, initialised event.
+    // SAFETY: both descriptors are open for the call (borrowed) and `interest` is a valid,
+    // initialised event.
     cvt(unsafe {
         libc::epoll_ctl(
             ep.as_raw_fd(),
@@ -75,7 +87,7 @@ pub fn readiness_proxy(fd: BorrowedFd<'_>) -> io::Result<OwnedFd> {
             &mut interest,
         )
     })?;
-    Ok(ep)
+    Ok(())
 }
 
 /// Waits until `fd` is readable, or the timeout passes (`poll(2)` on `POLLIN`).
