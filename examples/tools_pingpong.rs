@@ -147,21 +147,7 @@ fn core(a: &Args) -> ExitCode {
         (Some(addr), None) => tools_pingpong_core::serve(addr, a.size, wait),
         (None, Some(addr)) => {
             let rtt = tools_pingpong_core::client(addr, a.size, a.warmup, a.iters, wait);
-            let stats = Stats::of(&rtt).expect("at least one round trip");
-            let mode = if a.busy_poll.is_some() {
-                "busy"
-            } else {
-                "event"
-            };
-            emit(
-                "pingpong",
-                &[
-                    ("mode", mode.to_owned()),
-                    ("driver", "core".to_owned()),
-                    ("size", a.size.to_string()),
-                    ("stats", stats.fields().replace(' ', ",")),
-                ],
-            );
+            report(a, "core", None, &rtt);
         }
         _ => fail(PROGRAM, USAGE),
     }
@@ -223,25 +209,25 @@ async fn client(addr: SocketAddr, config: Config, a: &Args) -> Result<(), Error>
         }
     }
     conn.close().await?;
-    let stats = Stats::of(&rtt).expect("at least one round trip");
+    let driver = if a.in_task { "task" } else { "threads" };
+    let app = if a.spawn { "spawn" } else { "block_on" };
+    report(a, driver, Some(app), &rtt);
+    Ok(())
+}
+
+/// The result line: `@tools pingpong mode=… driver=… [app=…] size=… stats=…`.
+fn report(a: &Args, driver: &str, app: Option<&str>, rtt: &[f64]) {
+    let stats = Stats::of(rtt).expect("at least one round trip");
     let mode = if a.busy_poll.is_some() {
         "busy"
     } else {
         "event"
     };
-    let driver = if a.in_task { "task" } else { "threads" };
-    let app = if a.spawn { "spawn" } else { "block_on" };
-    emit(
-        "pingpong",
-        &[
-            ("mode", mode.to_owned()),
-            ("driver", driver.to_owned()),
-            ("app", app.to_owned()),
-            ("size", a.size.to_string()),
-            ("stats", stats.fields().replace(' ', ",")),
-        ],
-    );
-    Ok(())
+    let mut fields = vec![("mode", mode.to_owned()), ("driver", driver.to_owned())];
+    fields.extend(app.map(|app| ("app", app.to_owned())));
+    fields.push(("size", a.size.to_string()));
+    fields.push(("stats", stats.fields().replace(' ', ",")));
+    emit("pingpong", &fields);
 }
 
 /// The message as the `Bytes` `send` takes (one copy, as a user's `Vec` would make).

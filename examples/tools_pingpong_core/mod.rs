@@ -61,23 +61,67 @@ struct Side<'a> {
 }
 
 impl Side<'_> {
-    /// Waits until every send has completed.
-    fn reap_sends(&mut self) {
-        let deadline = Instant::now() + TIMEOUT;
-        while !self.sends.is_empty() {
-            if Instant::now() > deadline {
-                fail(
-                    PROGRAM,
-                    format!("a send did not complete within {TIMEOUT:?}"),
-                );
-            }
-            if let Some(wc) = check(self.cq.poll_one(), "ibv_poll_cq") {
-                if let Some(i) = self.sends.iter().position(|p| p.is_completed_by(&wc)) {
-                    let p = self.sends.swap_remove(i);
-                    self.free
-                        .push(p.complete(&wc).unwrap_or_else(|_| unreachable!()));
+    /// Handles one completion: a send's slot goes back to `free`; a receive's slot is returned
+    /// (`Some(None)` for a failed receive: the peer disconnected).
+    fn on_wc(&mut self, wc: &WorkCompletion) -> Option<Option<Slot>> {
+        if let Some(i) = self.sends.iter().position(|p| p.is_completed_by(wc)) {
+            let slot = self.sends.swap_remove(i).complete(wc);
+            self.free.push(slot.unwrap_or_else(|_| unreachable!()));
+            None
+        } else if let Some(i) = self.recvs.iter().position(|p| p.is_completed_by(wc)) {
+            let slot = self.recvs.swap_remove(i).complete(wc);
+            Some(
+                wc.is_success()
+                    .then_some(slot.unwrap_or_else(|_| unreachable!())),
+            )
+        } else {
+            fail(PROGRAM, format!("an unknown completion {wc:?}"))
+        }
+    }
+
+    /// Waits for the next completion (or, in event mode, the next batch) and handles it:
+    /// a receive's slot, if one came. Fails after [`TIMEOUT`] without a completion.
+    fn next(&mut self) -> Option<Option<Slot>> {
+        let cq = self.cq;
+        match self.wait {
+            Wait::Busy => {
+                // The clock is read only every 1024 empty polls, and first after that many.
+                let mut spins = 0u32;
+                let mut idle_since = None;
+                loop {
+                    if let Some(wc) = check(cq.poll_one(), "ibv_poll_cq") {
+                        return self.on_wc(&wc);
+                    }
+                    spins = spins.wrapping_add(1);
+                    if spins.is_multiple_of(1024)
+                        && idle_since.get_or_insert_with(Instant::now).elapsed() > TIMEOUT
+                    {
+                        fail(PROGRAM, format!("no completion within {TIMEOUT:?}"));
+                    }
                 }
             }
+            Wait::Event => {
+                let mut got = None;
+                let n = check(
+                    cq.wait(Some(TIMEOUT), |wc| {
+                        if let Some(slot) = self.on_wc(&wc) {
+                            got = Some(slot);
+                        }
+                    }),
+                    "the CQ's wait",
+                );
+                if n == 0 {
+                    fail(PROGRAM, format!("no completion within {TIMEOUT:?}"));
+                }
+                got
+            }
+        }
+    }
+
+    /// Waits until every send has completed (a receive's completion meanwhile is dropped).
+    fn reap_sends(&mut self) {
+        while !self.sends.is_empty() {
+            let _ = self.next();
         }
     }
 
@@ -85,34 +129,7 @@ impl Side<'_> {
     /// received slot (`None` at a failed receive: the peer disconnected).
     fn recv(&mut self) -> Option<Slot> {
         loop {
-            let mut got = None;
-            let mut on_wc = |wc: WorkCompletion| {
-                if let Some(i) = self.sends.iter().position(|p| p.is_completed_by(&wc)) {
-                    let p = self.sends.swap_remove(i);
-                    self.free
-                        .push(p.complete(&wc).unwrap_or_else(|_| unreachable!()));
-                } else if let Some(i) = self.recvs.iter().position(|p| p.is_completed_by(&wc)) {
-                    let p = self.recvs.swap_remove(i);
-                    let slot = p.complete(&wc).unwrap_or_else(|_| unreachable!());
-                    got = Some(wc.is_success().then_some(slot));
-                } else {
-                    fail(PROGRAM, format!("an unknown completion {wc:?}"));
-                }
-            };
-            match self.wait {
-                Wait::Busy => {
-                    if let Some(wc) = check(self.cq.poll_one(), "ibv_poll_cq") {
-                        on_wc(wc);
-                    }
-                }
-                Wait::Event => {
-                    let n = check(self.cq.wait(Some(TIMEOUT), &mut on_wc), "the CQ's wait");
-                    if n == 0 {
-                        fail(PROGRAM, format!("no completion within {TIMEOUT:?}"));
-                    }
-                }
-            }
-            if let Some(got) = got {
+            if let Some(got) = self.next() {
                 return got;
             }
         }
