@@ -45,12 +45,6 @@ struct Usage {
     rdma: Option<Vec<(&'static str, usize)>>,
 }
 
-fn heap_in_use() -> u64 {
-    // SAFETY: mallinfo2 takes nothing and returns a plain struct.
-    let m = unsafe { libc::mallinfo2() };
-    (m.uordblks + m.hblkhd) as u64
-}
-
 fn uverbs_maps() -> usize {
     std::fs::read_to_string("/proc/self/maps")
         .unwrap()
@@ -81,7 +75,7 @@ fn rdma_objects() -> Option<Vec<(&'static str, usize)>> {
 
 fn usage() -> Usage {
     Usage {
-        heap: heap_in_use(),
+        heap: evchan_sys::heap_in_use(),
         rss: rss_bytes(),
         fds: fd_count(),
         uverbs_maps: uverbs_maps(),
