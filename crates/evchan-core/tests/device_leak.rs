@@ -14,6 +14,7 @@
 //! own QP; ids with a QP on the caller's PD and CQ; ids dropped on one thread while another
 //! reads and acks their events; the verbs objects (device list, context,
 //! PD, MR, completion channel, CQ, QP).
+#![forbid(unsafe_code)]
 
 mod support;
 

@@ -1,6 +1,7 @@
 //! Device tests of the id life cycle around unacked events: no hang from destroying or
 //! migrating an id while its event is held in the same thread (each under a deadline), migrate
 //! across channels, events of two ids split over two channels, readiness via poll and epoll.
+#![forbid(unsafe_code)]
 
 mod support;
 
