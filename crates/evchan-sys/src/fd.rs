@@ -86,7 +86,7 @@ pub fn epoll_add_readable(ep: BorrowedFd<'_>, fd: BorrowedFd<'_>) -> io::Result<
 }
 
 /// As [`epoll_add_readable`], with `token` as the registration's `epoll_data`: what
-/// [`epoll_wait`] reports for `fd` in [`EpollReady::token`].
+/// [`epoll_wait_one`] reports for `fd` in [`EpollReady::token`].
 ///
 /// # Errors
 /// As [`epoll_add_readable`].
