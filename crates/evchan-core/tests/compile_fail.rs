@@ -4,6 +4,7 @@
 //! librdmacm or libibverbs would turn into EBUSY, a hang or a use-after-free. Regenerate with
 //! `TRYBUILD=overwrite cargo test -p evchan-core --test compile_fail` after a deliberate change,
 //! and read the diff.
+#![forbid(unsafe_code)]
 
 #[test]
 fn misuse_does_not_compile() {

@@ -2,6 +2,7 @@
 //!
 //! Run in the soft-RoCE VM (`cargo xtask test`); skipped natively without a device, failed
 //! without one when `EVCHAN_REQUIRE_DEVICE=1`.
+#![forbid(unsafe_code)]
 
 mod support;
 

@@ -6,6 +6,7 @@
 //! Run them in the soft-RoCE VM (`cargo xtask vm --env EVCHAN_REQUIRE_DEVICE=1 --
 //! target/debug/deps/device_cm_verbs-… --test-threads=1`); natively without a device they skip
 //! (or fail with `EVCHAN_REQUIRE_DEVICE=1`).
+#![forbid(unsafe_code)]
 
 mod support;
 

@@ -4,6 +4,7 @@
 //!
 //! Both sides run in one thread on two channels: each step waits on the channel it expects an
 //! event on.
+#![forbid(unsafe_code)]
 
 mod support;
 

@@ -21,6 +21,7 @@
 //!
 //! These tests change the VM's network (an address on `dummy0`, a bond and two dummies) and
 //! put it back, whatever happens.
+#![forbid(unsafe_code)]
 
 mod support;
 

@@ -2,6 +2,7 @@
 //! (`CONNECT_RESPONSE`, then `rdma_establish`), UD service ID resolution on the UDP port space
 //! (SIDR: `ESTABLISHED` with UD parameters on the active side, no event on the passive side),
 //! and ids of mixed states in one map through [`AnyId`].
+#![forbid(unsafe_code)]
 
 mod support;
 

@@ -9,6 +9,7 @@
 //!
 //! Run in the soft-RoCE VM (`cargo xtask test`); skipped natively without a device, failed
 //! without one when `EVCHAN_REQUIRE_DEVICE=1`.
+#![forbid(unsafe_code)]
 
 mod support;
 
@@ -402,8 +403,9 @@ fn a_server_sets_up_before_listening_and_accepts_on_its_objects() {
 }
 
 /// A `CONNECT_REQUEST` queued, unread, on a listener's channel is delivered there (the listener
-/// cannot be migrated away from it: `tests/ui/migrate_listening_id.rs`), and the id it hands
-/// over migrates to another channel, where its `ESTABLISHED` then arrives.
+/// cannot be migrated away from it: `tests/ui/migrate_listening_id.rs`; what the migrate does
+/// in C is shown with librdmacm alone in evchan-sys's `tests/device_raw.rs`), and the id it
+/// hands over migrates to another channel, where its `ESTABLISHED` then arrives.
 #[test]
 fn a_queued_request_is_delivered_and_its_new_id_migrates() {
     require_device!();
@@ -431,98 +433,4 @@ fn a_queued_request_is_delivered_and_its_new_id_migrates() {
     );
     disconnect_pair(&other, &cch, server, client);
     drop(listening);
-}
-
-/// The C behaviour that the compile error on migrating a listening id guards against, with
-/// librdmacm directly: a listener migrated while a `CONNECT_REQUEST` is queued on its channel.
-/// The kernel moves the request to the new channel (it is readable there), but the new
-/// connection's kernel context stays on the old channel's file; librdmacm's query of the new
-/// id through the new channel fails (`EINVAL`), so `rdma_get_cm_event` drops the request and
-/// reads on: nothing arrives on either channel, and the peer is not answered.
-#[test]
-#[allow(unsafe_code)]
-fn c_migrate_of_a_listener_with_a_queued_request_loses_the_request() {
-    use evchan_sys as sys;
-    use std::os::fd::BorrowedFd;
-    use std::ptr;
-
-    require_device!();
-    let cch = EventChannel::new().unwrap();
-    let addr = port(6);
-    // SAFETY: no arguments; NULL on failure (checked).
-    let old = unsafe { sys::rdma_create_event_channel() };
-    // SAFETY: as above.
-    let new = unsafe { sys::rdma_create_event_channel() };
-    assert!(!old.is_null() && !new.is_null());
-    // SAFETY: a live channel (until destroyed at the end).
-    let raw_old_fd = unsafe { (*old).fd };
-    // SAFETY: as above.
-    let raw_new_fd = unsafe { (*new).fd };
-    // SAFETY: the fd is open until the channel is destroyed at the end, after its last use.
-    let old_fd = unsafe { BorrowedFd::borrow_raw(raw_old_fd) };
-    // SAFETY: as above.
-    let new_fd = unsafe { BorrowedFd::borrow_raw(raw_new_fd) };
-    evchan_sys::fd::set_nonblocking(new_fd, true).unwrap();
-    let mut id = ptr::null_mut();
-    // SAFETY: live channel, valid out-pointer.
-    let rc = unsafe {
-        sys::rdma_create_id(
-            old,
-            &mut id,
-            ptr::null_mut(),
-            sys::rdma_port_space::RDMA_PS_TCP,
-        )
-    };
-    assert_eq!(rc, 0);
-    let mut sin = libc::sockaddr_in {
-        sin_family: libc::AF_INET as libc::sa_family_t,
-        sin_port: addr.to_be(),
-        sin_addr: libc::in_addr {
-            s_addr: u32::from(VM_IPV4).to_be(),
-        },
-        sin_zero: [0; 8],
-    };
-    // SAFETY: live id; `sin` is a valid IPv4 socket address for the call's duration.
-    let rc = unsafe { sys::rdma_bind_addr(id, ptr::addr_of_mut!(sin).cast()) };
-    assert_eq!(rc, 0);
-    // SAFETY: live, bound id.
-    assert_eq!(unsafe { sys::rdma_listen(id, 8) }, 0);
-
-    let client = connecting(&cch, PortSpace::Tcp, v4(addr), &ConnParam::new());
-    assert!(
-        evchan_sys::fd::poll_readable(old_fd, Some(EVENT_TIMEOUT)).unwrap(),
-        "the CONNECT_REQUEST is queued on the listener's channel"
-    );
-    // SAFETY: live id and channel; no event of the id has been read, so nothing to wait for.
-    assert_eq!(unsafe { sys::rdma_migrate_id(id, new) }, 0);
-    assert!(
-        evchan_sys::fd::poll_readable(new_fd, Some(Duration::ZERO)).unwrap(),
-        "the kernel moved the request to the new channel"
-    );
-    let mut event = ptr::null_mut();
-    // SAFETY: live channel (non-blocking), valid out-pointer.
-    let rc = unsafe { sys::rdma_get_cm_event(new, &mut event) };
-    let err = std::io::Error::last_os_error();
-    if rc == 0 {
-        // SAFETY: an event just read from `new`, acked once.
-        let code = unsafe { (*event).event };
-        // SAFETY: as above.
-        unsafe { sys::rdma_ack_cm_event(event) };
-        panic!("an event arrived (code {code}): librdmacm or the kernel no longer loses it");
-    }
-    assert_eq!(err.raw_os_error(), Some(libc::EAGAIN), "{err}");
-    assert!(!evchan_sys::fd::poll_readable(new_fd, Some(Duration::ZERO)).unwrap());
-    assert!(!evchan_sys::fd::poll_readable(old_fd, Some(Duration::ZERO)).unwrap());
-    // The peer hears nothing for a while (its CM retries until it gives up, much later).
-    assert!(cch
-        .get_event_timeout(Duration::from_secs(2))
-        .unwrap()
-        .is_none());
-    drop(client);
-    // SAFETY: live id with no event read and unacked; destroyed once.
-    assert_eq!(unsafe { sys::rdma_destroy_id(id) }, 0);
-    // SAFETY: no id left on the channel; destroyed once.
-    unsafe { sys::rdma_destroy_event_channel(new) };
-    // SAFETY: as above (the orphaned kernel context on its file goes with the file).
-    unsafe { sys::rdma_destroy_event_channel(old) };
 }

@@ -23,6 +23,7 @@
 //!   buffer it received into, so its replies echo the server's last message).
 //!
 //! The tools take only the IPv4 address (169.254.77.1), not `fe80::…%dummy0`.
+#![forbid(unsafe_code)]
 
 mod support;
 

@@ -14,6 +14,7 @@
 //! own QP; ids with a QP on the caller's PD and CQ; ids dropped on one thread while another
 //! reads and acks their events; the verbs objects (device list, context,
 //! PD, MR, completion channel, CQ, QP).
+#![forbid(unsafe_code)]
 
 mod support;
 
@@ -43,12 +44,6 @@ struct Usage {
     uverbs_maps: usize,
     /// `rdma resource show` lines of this process, per kind; `None` without the `rdma` tool.
     rdma: Option<Vec<(&'static str, usize)>>,
-}
-
-fn heap_in_use() -> u64 {
-    // SAFETY: mallinfo2 takes nothing and returns a plain struct.
-    let m = unsafe { libc::mallinfo2() };
-    (m.uordblks + m.hblkhd) as u64
 }
 
 fn uverbs_maps() -> usize {
@@ -81,7 +76,7 @@ fn rdma_objects() -> Option<Vec<(&'static str, usize)>> {
 
 fn usage() -> Usage {
     Usage {
-        heap: heap_in_use(),
+        heap: evchan_sys::heap_in_use(),
         rss: rss_bytes(),
         fds: fd_count(),
         uverbs_maps: uverbs_maps(),

@@ -8,6 +8,7 @@
 //! id's `ADDR_RESOLVED` is still unread in the channel: the kernel id is on the device, the
 //! process has not opened it. This binary holds this one test only, since it takes the device
 //! away for a moment.
+#![forbid(unsafe_code)]
 
 mod support;
 

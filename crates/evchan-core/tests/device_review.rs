@@ -6,6 +6,8 @@
 //!
 //! Run in the soft-RoCE VM (`cargo xtask test`); skipped natively without a device, failed
 //! without one when `EVCHAN_REQUIRE_DEVICE=1`.
+// Denied, not forbidden: one test allows it to call the core's `unsafe fn post_send_raw`.
+#![deny(unsafe_code)]
 
 mod support;
 
@@ -216,7 +218,10 @@ fn destroying_a_cq_whose_event_guard_was_leaked_does_not_hang() {
     comp.destroy().expect("no CQ left on the channel");
 }
 
+/// The one test of evchan-core's tests that needs `unsafe`: it calls the core's own `unsafe fn`
+/// `post_send_raw`, whose refusal it checks.
 #[test]
+#[allow(unsafe_code)]
 fn send_on_a_udp_ids_ud_qp_is_refused_not_a_crash() {
     require_device!();
     let channel = EventChannel::new().unwrap();

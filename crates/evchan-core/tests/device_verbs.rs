@@ -1,6 +1,7 @@
 //! Device tests of the verbs layer: run them in the soft-RoCE VM
 //! (`cargo xtask vm --env EVCHAN_REQUIRE_DEVICE=1 -- target/debug/deps/device_verbs-… --test-threads=1`).
 //! Natively without a device they skip (or fail with `EVCHAN_REQUIRE_DEVICE=1`).
+#![forbid(unsafe_code)]
 
 mod support;
 

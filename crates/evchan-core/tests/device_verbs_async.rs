@@ -1,5 +1,6 @@
 //! Device test of async events: a port state change, made by bringing the VM's `dummy0` (the
 //! netdev under rxe0) down and up again. Run it in the soft-RoCE VM only: it changes the link.
+#![forbid(unsafe_code)]
 
 mod support;
 

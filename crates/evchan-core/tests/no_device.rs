@@ -1,6 +1,7 @@
 //! Runs natively: on a machine without RDMA devices, creating a channel fails with the
 //! `NoDevice` error that says how to get one; on one with a device, it succeeds. And the
 //! interop tests' reason for a missing tool names its Debian package.
+#![forbid(unsafe_code)]
 
 mod support;
 

@@ -1,5 +1,6 @@
 //! Native tests of the verbs layer: what happens without an RDMA device (this machine and
 //! CI), and argument checks that need no device.
+#![forbid(unsafe_code)]
 
 use evchan_core::verbs::{Context, DeviceList, Error};
 

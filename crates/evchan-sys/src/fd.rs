@@ -1,5 +1,6 @@
-//! Raw file-descriptor helpers: `O_NONBLOCK`, `poll(2)` with a timeout, `EINTR` retry, and a
-//! readiness proxy (an epoll instance that watches one descriptor).
+//! Raw file-descriptor helpers: `O_NONBLOCK`, `poll(2)` with a timeout, `EINTR` retry, a
+//! readiness proxy (an epoll instance that watches one descriptor), and the few epoll calls
+//! around it (create, register for `EPOLLIN`, wait).
 //!
 //! Both event channels are plain file descriptors (`rdma_event_channel::fd`,
 //! `ibv_comp_channel::fd`). These helpers work on any [`BorrowedFd`] and are safe: the borrow
@@ -56,26 +57,47 @@ pub fn set_nonblocking(fd: BorrowedFd<'_>, nonblocking: bool) -> io::Result<()> 
 /// The `epoll_create1`, `fcntl` or `epoll_ctl` error (e.g. `EPERM` for a descriptor that
 /// cannot be polled).
 pub fn readiness_proxy(fd: BorrowedFd<'_>) -> io::Result<OwnedFd> {
-    // SAFETY: plain syscall; the flag is valid.
-    let ep = cvt(unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) })?;
-    // SAFETY: `ep` is a descriptor we just opened and own; nothing else closes it.
-    let ep = unsafe { OwnedFd::from_raw_fd(ep) };
+    let ep = epoll_create()?;
     set_nonblocking(ep.as_fd(), true)?;
     epoll_add_readable(ep.as_fd(), fd)?;
     Ok(ep)
 }
 
+/// A new epoll instance, close-on-exec (`epoll_create1(EPOLL_CLOEXEC)`), owned by the caller.
+///
+/// # Errors
+/// The `epoll_create1` error (e.g. `EMFILE`).
+pub fn epoll_create() -> io::Result<OwnedFd> {
+    // SAFETY: plain syscall; the flag is valid.
+    let ep = cvt(unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) })?;
+    // SAFETY: `ep` is a descriptor we just opened and own; nothing else closes it.
+    Ok(unsafe { OwnedFd::from_raw_fd(ep) })
+}
+
 /// Registers `fd` for `EPOLLIN`, level-triggered, with the epoll instance `ep`
-/// (`epoll_ctl(EPOLL_CTL_ADD)`); `ep` may be any descriptor of an epoll instance, a dup
-/// included.
+/// (`epoll_ctl(EPOLL_CTL_ADD)`), with token 0; `ep` may be any descriptor of an epoll
+/// instance, a dup included.
 ///
 /// # Errors
 /// The `epoll_ctl` error (e.g. `EEXIST` when `fd` is registered already, `EPERM` for a
 /// descriptor that cannot be polled, `EINVAL` when `ep` is no epoll instance).
 pub fn epoll_add_readable(ep: BorrowedFd<'_>, fd: BorrowedFd<'_>) -> io::Result<()> {
+    epoll_add_readable_with_token(ep, fd, 0)
+}
+
+/// As [`epoll_add_readable`], with `token` as the registration's `epoll_data`: what
+/// [`epoll_wait_one`] reports for `fd` in [`EpollReady::token`].
+///
+/// # Errors
+/// As [`epoll_add_readable`].
+pub fn epoll_add_readable_with_token(
+    ep: BorrowedFd<'_>,
+    fd: BorrowedFd<'_>,
+    token: u64,
+) -> io::Result<()> {
     let mut interest = libc::epoll_event {
         events: libc::EPOLLIN as u32,
-        u64: 0,
+        u64: token,
     };
     // SAFETY: both descriptors are open for the call (borrowed) and `interest` is a valid,
     // initialised event.
@@ -88,6 +110,55 @@ pub fn epoll_add_readable(ep: BorrowedFd<'_>, fd: BorrowedFd<'_>) -> io::Result<
         )
     })?;
     Ok(())
+}
+
+/// One ready registration of an epoll instance, as [`epoll_wait_one`] reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EpollReady {
+    /// The ready events (`EPOLLIN`, `EPOLLERR`, `EPOLLHUP`, …) of the registration.
+    pub events: u32,
+    /// The registration's token (its `epoll_data`, see [`epoll_add_readable_with_token`]).
+    pub token: u64,
+}
+
+/// Waits until a registration of the epoll instance `ep` is ready, or the timeout passes
+/// (`epoll_wait(2)` for one event): the ready registration, `None` on timeout.
+///
+/// `None` waits forever, and `EINTR` is retried with the time that is left, as in
+/// [`poll_readable`]. With several registrations ready, one is reported per call.
+///
+/// # Errors
+/// The `epoll_wait` error other than `EINTR` (e.g. `EINVAL` when `ep` is no epoll instance).
+pub fn epoll_wait_one(
+    ep: BorrowedFd<'_>,
+    timeout: Option<Duration>,
+) -> io::Result<Option<EpollReady>> {
+    let deadline = timeout.and_then(deadline_after);
+    loop {
+        let ms = match deadline {
+            None => -1,
+            Some(d) => millis_until(d),
+        };
+        let mut out = libc::epoll_event { events: 0, u64: 0 };
+        // SAFETY: `out` has room for the one event asked for, and `ep` is open for the call
+        // (borrowed).
+        let n = unsafe { libc::epoll_wait(ep.as_raw_fd(), &mut out, 1, ms) };
+        match n {
+            n if n > 0 => {
+                return Ok(Some(EpollReady {
+                    events: out.events,
+                    token: out.u64,
+                }))
+            }
+            0 => return Ok(None),
+            _ => {
+                let err = io::Error::last_os_error();
+                if err.kind() != io::ErrorKind::Interrupted {
+                    return Err(err);
+                }
+            }
+        }
+    }
 }
 
 /// Waits until `fd` is readable, or the timeout passes (`poll(2)` on `POLLIN`).
@@ -221,6 +292,43 @@ mod tests {
         (&a).read_exact(&mut got).unwrap();
         assert_eq!(&got, b"x");
         assert!(!poll_readable(proxy.as_fd(), Some(Duration::ZERO)).unwrap());
+    }
+
+    #[test]
+    fn epoll_reports_the_token_of_a_ready_registration() {
+        let (a, mut b) = UnixStream::pair().unwrap();
+        let ep = epoll_create().unwrap();
+        epoll_add_readable_with_token(ep.as_fd(), a.as_fd(), 7).unwrap();
+        let err = epoll_add_readable(ep.as_fd(), a.as_fd()).unwrap_err();
+        assert_eq!(err.raw_os_error(), Some(libc::EEXIST));
+        let start = Instant::now();
+        assert_eq!(
+            epoll_wait_one(ep.as_fd(), Some(Duration::from_millis(30))).unwrap(),
+            None
+        );
+        assert!(
+            start.elapsed() >= Duration::from_millis(30),
+            "epoll_wait returned early"
+        );
+        b.write_all(b"x").unwrap();
+        let ready = EpollReady {
+            events: libc::EPOLLIN as u32,
+            token: 7,
+        };
+        assert_eq!(epoll_wait_one(ep.as_fd(), None).unwrap(), Some(ready));
+        // Level-triggered: still ready until read.
+        assert_eq!(
+            epoll_wait_one(ep.as_fd(), Some(Duration::ZERO)).unwrap(),
+            Some(ready)
+        );
+        (&a).read_exact(&mut [0u8; 1]).unwrap();
+        assert_eq!(
+            epoll_wait_one(ep.as_fd(), Some(Duration::ZERO)).unwrap(),
+            None
+        );
+        // Not an epoll instance.
+        let err = epoll_wait_one(a.as_fd(), Some(Duration::ZERO)).unwrap_err();
+        assert_eq!(err.raw_os_error(), Some(libc::EINVAL));
     }
 
     #[test]

@@ -213,12 +213,5 @@ pub fn qps_settle_to(n: usize, what: &str) {
 /// (each round's new threads get arenas of their own, whose cached free memory otherwise moves
 /// RSS by several MiB either way).
 pub fn malloc_trim() {
-    extern "C" {
-        fn malloc_trim(pad: usize) -> std::ffi::c_int;
-    }
-    // SAFETY: `malloc_trim` takes no pointer, only touches glibc's own heap state under its
-    // arena locks, and may be called from any thread at any time.
-    unsafe {
-        malloc_trim(0);
-    }
+    evchan_sys::malloc_trim();
 }
