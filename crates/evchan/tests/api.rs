@@ -1,5 +1,6 @@
 //! What holds without a device: the handles' auto traits, configuration checks, the
 //! no-device error.
+#![forbid(unsafe_code)]
 
 use std::future::Future;
 

@@ -1,4 +1,5 @@
 //! The async API against the kernel's rdma_cm and rxe (in the soft-RoCE VM).
+#![forbid(unsafe_code)]
 
 mod support;
 

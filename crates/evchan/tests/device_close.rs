@@ -9,6 +9,7 @@
 //! starts its close. The close waits for credits; what ends the wait decides the result.
 //!
 //! Run with `--test-threads 1`: the cases count the QPs left on the device.
+#![forbid(unsafe_code)]
 
 mod support;
 

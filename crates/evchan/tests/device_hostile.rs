@@ -19,6 +19,7 @@
 //!   after [`Config::connect_timeout`].
 //!
 //! Run with `--test-threads 1` (QPs are counted process-wide).
+#![forbid(unsafe_code)]
 
 mod support;
 

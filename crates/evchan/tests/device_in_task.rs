@@ -1,6 +1,7 @@
 //! [`Config::in_task`]: the shard as a task on the caller's tokio runtime, against the kernel's
 //! rdma_cm and rxe (in the soft-RoCE VM). Run with `--test-threads 1` (threads and RDMA
 //! resources are counted process-wide).
+#![forbid(unsafe_code)]
 
 mod support;
 

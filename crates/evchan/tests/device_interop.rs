@@ -12,6 +12,7 @@
 //! messages with it; the tool's disconnect must end our receive side cleanly (`None`).
 //!
 //! Every tool runs under a deadline and is killed if it outlives the test.
+#![forbid(unsafe_code)]
 
 mod support;
 

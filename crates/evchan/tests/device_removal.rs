@@ -30,6 +30,7 @@
 //!
 //! The parent restores `rxe0` whatever happens (like evchan-core's `device_removal` test). The
 //! three tests take turns (they take the device away); this binary holds nothing else.
+#![forbid(unsafe_code)]
 
 mod support;
 

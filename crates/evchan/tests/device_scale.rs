@@ -14,6 +14,7 @@
 //! - Entries are matched as user-space entries of the VM (see `support::user_rdma_resources`:
 //!   the kernel records the creating *thread*, evchan creates everything on its runtime
 //!   threads, so matching the process id finds nothing).
+#![forbid(unsafe_code)]
 
 mod support;
 

@@ -20,6 +20,7 @@
 //! ours but librdmacm's own PD.
 //!
 //! Run with `--test-threads 1 --nocapture` (it measures the whole process).
+#![forbid(unsafe_code)]
 
 mod support;
 

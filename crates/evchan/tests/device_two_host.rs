@@ -14,6 +14,7 @@
 //! The server listens on `[$EVCHAN_SELF]:TWO_HOST_PORT` and serves `CLIENTS` connections; each
 //! client connection sends `MSGS` messages that the server checks and echoes, then the server
 //! sends `MSGS` of its own, then each side closes and the other reads `None`.
+#![forbid(unsafe_code)]
 
 mod support;
 #[path = "support/two_host.rs"]

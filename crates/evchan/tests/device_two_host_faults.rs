@@ -14,6 +14,7 @@
 //!
 //! Both sides use [`config`]: a keepalive after [`KEEPALIVE`] idle and [`RETRIES`] transport
 //! retries, so that each fault ends within [`BOUND`] of its injection.
+#![forbid(unsafe_code)]
 
 mod support;
 #[path = "support/two_host.rs"]
