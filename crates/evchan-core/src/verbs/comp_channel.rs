@@ -169,36 +169,38 @@ impl<'ctx> CompChannel<'ctx> {
     ) -> Result<usize> {
         // A timeout past what `Instant` represents (e.g. `Duration::MAX`) waits forever.
         let deadline = timeout.and_then(deadline_after);
-        let mut buf = [ffi::RawWc::default(); ffi::POLL_BATCH];
         loop {
-            let n = drain(cqs, &mut buf, &mut on_wc)?;
+            // Steps 1-3.
+            let n = poll_arm_poll(cqs, &mut on_wc)?;
             if n > 0 {
                 return Ok(n);
             }
-            for cq in cqs {
-                cq.req_notify(false)?;
-            }
-            let n = drain(cqs, &mut buf, &mut on_wc)?;
-            if n > 0 {
-                return Ok(n);
-            }
+            // Step 4.
             let left = time_left(deadline);
             if !poll_readable(self.raw.fd(), left).map_err(Error::io("poll"))? {
                 return Ok(0);
             }
-            while let Some(ack) = self
-                .raw
-                .get_cq_event()
-                .map_err(Error::io("ibv_get_cq_event"))?
-            {
-                if let Some(cq) = cqs.iter().find(|cq| cq.raw.token() == ack.token()) {
-                    // Counted into the CQ's batch; a mismatch cannot happen (same token), and
-                    // would ack at once.
-                    let _ = ack.defer(&cq.raw);
-                }
-                // else: dropped, which acks it at once.
-            }
+            // Step 5.
+            self.read_events(cqs)?;
         }
+    }
+
+    /// Step 5 of [`wait`](Self::wait): reads every event until `EAGAIN`, each one's ack counted
+    /// into its CQ's batch (events of CQs not in `cqs` are acked at once).
+    fn read_events(&self, cqs: &[&Cq<'_>]) -> Result<()> {
+        while let Some(ack) = self
+            .raw
+            .get_cq_event()
+            .map_err(Error::io("ibv_get_cq_event"))?
+        {
+            if let Some(cq) = cqs.iter().find(|cq| cq.raw.token() == ack.token()) {
+                // Counted into the CQ's batch; a mismatch cannot happen (same token), and
+                // would ack at once.
+                let _ = ack.defer(&cq.raw);
+            }
+            // else: dropped, which acks it at once.
+        }
+        Ok(())
     }
 
     /// `ibv_destroy_comp_channel`, reporting its result (dropping the channel does the same
@@ -244,6 +246,108 @@ impl<'ctx> CompChannel<'ctx> {
     pub fn readable(&self) -> std::io::Result<crate::Readable<'_>> {
         crate::Readable::new(self.raw.fd())
     }
+
+    /// [`wait`](Self::wait)'s loop on tokio (feature `tokio`): the channel registered with the
+    /// current runtime's reactor, for [`AsyncWaiter::wait`].
+    ///
+    /// # Errors
+    /// The reactor's registration error.
+    ///
+    /// # Panics
+    /// Outside a tokio runtime with I/O enabled (as tokio's `AsyncFd`).
+    #[cfg(feature = "tokio")]
+    pub fn async_waiter(&self) -> std::io::Result<AsyncWaiter<'_, 'ctx>> {
+        Ok(AsyncWaiter {
+            channel: self,
+            readable: self.readable()?,
+        })
+    }
+}
+
+/// A [`CompChannel`] registered with tokio's reactor (feature `tokio`), from
+/// [`CompChannel::async_waiter`]: [`CompChannel::wait`]'s loop with the sleep done by the
+/// runtime instead of `poll(2)`.
+///
+/// # Example
+///
+/// ```no_run
+/// use evchan_core::verbs::{CompChannel, Context, Cq};
+///
+/// # async fn f() -> Result<(), Box<dyn std::error::Error>> {
+/// let ctx = Context::open_first()?;
+/// let channel = CompChannel::new(&ctx)?;
+/// let cq = Cq::new(&channel, 64)?;
+/// let waiter = channel.async_waiter()?;
+/// // ... post work on a QP of that CQ ...
+/// let cqs = [&cq];
+/// let wait = waiter.wait(&cqs, |_, wc| println!("wr {} {:?}", wc.wr_id(), wc.status()));
+/// // A timeout is the runtime's: the wait is cancel-safe.
+/// match tokio::time::timeout(std::time::Duration::from_secs(1), wait).await {
+///     Ok(n) => println!("{} completions", n?),
+///     Err(_) => println!("none within 1 s"),
+/// }
+/// # Ok(())
+/// # }
+/// ```
+#[cfg(feature = "tokio")]
+#[derive(Debug)]
+pub struct AsyncWaiter<'ch, 'ctx> {
+    channel: &'ch CompChannel<'ctx>,
+    readable: crate::Readable<'ch>,
+}
+
+#[cfg(feature = "tokio")]
+impl AsyncWaiter<'_, '_> {
+    /// [`CompChannel::wait`] without a timeout, the wait for an event done by the runtime:
+    /// calls `on_wc(index_in_cqs, completion)` for every completion found and returns their
+    /// number once there is at least one.
+    ///
+    /// The loop is [`CompChannel::wait`]'s (poll, arm, poll, wait, read every event until
+    /// `EAGAIN` with its ack counted, poll again), and after the events are read the readiness
+    /// is cleared, so no wake-up is lost. The same rules hold: pass every CQ of the channel,
+    /// and wait on one channel from one place at a time.
+    ///
+    /// Cancel-safe: the future awaits only the channel's readiness, before reading any event
+    /// and after handing every completion found to `on_wc`; dropped there (a timeout, a
+    /// `select!`), it loses nothing: the CQs stay armed, and the events still queued are read,
+    /// and acked, by the next wait.
+    ///
+    /// # Errors
+    /// [`Error::Io`] from `ibv_poll_cq`, `ibv_req_notify_cq`, `ibv_get_cq_event` or the
+    /// reactor (call `"readiness"`).
+    pub async fn wait(
+        &self,
+        cqs: &[&Cq<'_>],
+        mut on_wc: impl FnMut(usize, WorkCompletion),
+    ) -> Result<usize> {
+        loop {
+            let n = poll_arm_poll(cqs, &mut on_wc)?;
+            if n > 0 {
+                return Ok(n);
+            }
+            let mut guard = self
+                .readable
+                .ready()
+                .await
+                .map_err(Error::io("readiness"))?;
+            self.channel.read_events(cqs)?;
+            guard.clear_ready();
+        }
+    }
+}
+
+/// Steps 1-3 of [`CompChannel::wait`]: polls every CQ until empty; if nothing was there, arms
+/// every CQ and polls again. How many completions were handed to `on_wc`.
+fn poll_arm_poll(cqs: &[&Cq<'_>], on_wc: &mut impl FnMut(usize, WorkCompletion)) -> Result<usize> {
+    let mut buf = [ffi::RawWc::default(); ffi::POLL_BATCH];
+    let n = drain(cqs, &mut buf, on_wc)?;
+    if n > 0 {
+        return Ok(n);
+    }
+    for cq in cqs {
+        cq.req_notify(false)?;
+    }
+    drain(cqs, &mut buf, on_wc)
 }
 
 /// Polls every CQ until empty; returns how many completions were handed to `on_wc`.

@@ -73,6 +73,8 @@ mod wc;
 pub use crate::ffi::verbs::{MrBuffer, SendFlags, Sge};
 pub use async_event::{AsyncElement, AsyncEvent, AsyncEventKind};
 pub use cm::{ContextRef, PdRef, QpInit};
+#[cfg(feature = "tokio")]
+pub use comp_channel::AsyncWaiter;
 pub use comp_channel::CompChannel;
 pub use cq::{Cq, CqEvent, CqId, ACK_BATCH};
 pub use device::{Context, Device, DeviceList, Gid, GidType, LinkLayer, Mtu, Pd, Port, PortState};
