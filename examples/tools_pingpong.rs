@@ -7,7 +7,7 @@
 //! tools_pingpong --connect IP:PORT [--iters N] [--size BYTES] [--busy-poll-us N] [--warmup N]
 //!                [--in-task] [--spawn]
 //! tools_pingpong --layer core --serve IP:PORT | --connect IP:PORT [--iters N] [--size BYTES]
-//!                [--busy-poll-us N] [--warmup N]
+//!                [--busy-poll-us N] [--warmup N] [--tokio]
 //! ```
 //!
 //! The server accepts one connection, sends every message back until the peer closes, and exits.
@@ -26,7 +26,8 @@
 //! `@tools pingpong mode=event|busy driver=threads|task app=block_on|spawn size=N stats=...`
 //! says which. `--layer core` runs the same ping-pong through `evchan-core` alone, one thread
 //! per side and no runtime (`tools_pingpong_core`; `driver=core`; busy-poll with any
-//! `--busy-poll-us`).
+//! `--busy-poll-us`); with `--tokio` the same through a current-thread tokio runtime per side,
+//! whose waits are tokio's (`driver=core-tokio`: the reach of an async API without a shard).
 
 use std::net::SocketAddr;
 use std::process::ExitCode;
@@ -41,7 +42,7 @@ use tools_support::{emit, fail, us, Stats};
 pub(crate) const PROGRAM: &str = "tools_pingpong";
 const USAGE: &str = "usage: tools_pingpong --serve IP:PORT | --connect IP:PORT [--iters N] \
                      [--size BYTES] [--busy-poll-us N] [--warmup N] [--in-task] [--spawn] \
-                     [--layer async|core]";
+                     [--layer async|core] [--tokio]";
 
 #[derive(Clone)]
 struct Args {
@@ -54,6 +55,7 @@ struct Args {
     in_task: bool,
     spawn: bool,
     core: bool,
+    tokio: bool,
 }
 
 fn main() -> ExitCode {
@@ -67,6 +69,7 @@ fn main() -> ExitCode {
         in_task: false,
         spawn: false,
         core: false,
+        tokio: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -78,6 +81,10 @@ fn main() -> ExitCode {
             }
             "--spawn" => {
                 a.spawn = true;
+                continue;
+            }
+            "--tokio" => {
+                a.tokio = true;
                 continue;
             }
             _ => {}
@@ -110,6 +117,9 @@ fn main() -> ExitCode {
     }
     if a.core {
         return core(&a);
+    }
+    if a.tokio {
+        fail(PROGRAM, format!("--tokio is for --layer core\n{USAGE}"));
     }
     let config = Config::new()
         .shards(1)
@@ -144,10 +154,11 @@ fn core(a: &Args) -> ExitCode {
         tools_pingpong_core::Wait::Event
     };
     match (a.serve, a.connect) {
-        (Some(addr), None) => tools_pingpong_core::serve(addr, a.size, wait),
+        (Some(addr), None) => tools_pingpong_core::serve(addr, a.size, wait, a.tokio),
         (None, Some(addr)) => {
-            let rtt = tools_pingpong_core::client(addr, a.size, a.warmup, a.iters, wait);
-            report(a, "core", None, &rtt);
+            let rtt = tools_pingpong_core::client(addr, a.size, a.warmup, a.iters, wait, a.tokio);
+            let driver = if a.tokio { "core-tokio" } else { "core" };
+            report(a, driver, None, &rtt);
         }
         _ => fail(PROGRAM, USAGE),
     }

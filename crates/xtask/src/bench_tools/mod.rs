@@ -14,7 +14,8 @@
 //!   (`task`, `Config::in_task(true)`, `tools_pingpong --in-task`), each side's loop in
 //!   `block_on`'s future, and `task` again with the loop in a spawned task (`--spawn`); and,
 //!   beside them, the layer under the async API, `evchan-core` alone with one thread per
-//!   side (`core`, `tools_pingpong --layer core`);
+//!   side (`core`, `tools_pingpong --layer core`), and the same with its waits done by a
+//!   current-thread tokio runtime per side (`core-tokio`, `--layer core --tokio`);
 //!   `ib_send_lat` reports half
 //!   a round trip (`t_typical` is the median of the time between two posts of the client,
 //!   divided by 2; `99% percentile` likewise), so its figures are doubled here;
@@ -76,6 +77,12 @@ const DRIVERS: &[(&str, &str, &str)] = &[
     ("task-spawn", " --in-task --spawn", "in-task, spawned loop"),
     // Not the async API: evchan-core alone, one thread per side (what the layer under it costs).
     ("core", " --layer core", "core layer, no runtime"),
+    // Neither: the same with tokio's waits, no shard (what an async API could reach).
+    (
+        "core-tokio",
+        " --layer core --tokio",
+        "core layer, tokio waits",
+    ),
 ];
 /// The busy-poll window of the async ping-pong (longer than a round trip in the VM, so the
 /// shards never sleep between two messages, as `ib_send_lat -R` never does).
