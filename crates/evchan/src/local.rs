@@ -75,7 +75,7 @@
 //! The futures of [`connect`] and [`listen`] register descriptors with the current tokio
 //! runtime: they must run in one with I/O and time enabled (as tokio's `AsyncFd`).
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::future::poll_fn;
 use std::net::SocketAddr;
 use std::task::Poll;
@@ -97,6 +97,7 @@ use crate::config::Config;
 use crate::connection::{check_private_data, MAX_ACCEPT_PRIVATE_DATA, MAX_CONNECT_PRIVATE_DATA};
 use crate::error::{Error, Lost, Result, Step};
 use crate::proto::{self, Credits, Kind, Peer};
+use crate::runtime::IntMap;
 
 /// Busy poll: empty polls between two yields to the runtime.
 const SPINS_PER_YIELD: u32 = 64;
@@ -284,7 +285,8 @@ async fn run<S: Start, R>(
     // Rebound after the objects its QP borrows, so that it goes before them.
     let mut id = id;
     id.create_qp_with(&pd, &cq, &cq, &config.qp_init())?;
-    let mut posted = HashMap::with_capacity(recvs + sends);
+    let mut posted = IntMap::default();
+    posted.reserve(recvs + sends);
     for slot in recv_slots {
         let p = id
             .post_recv_slot(&recv_mr, slot)
@@ -370,7 +372,7 @@ pub struct LocalConnection<'a> {
     recv_mr: &'a Mr<'a, SlotPool>,
     send_mr: &'a Mr<'a, SlotPool>,
     busy_poll: Option<Duration>,
-    posted: HashMap<u64, (PostedSlot, Wr)>,
+    posted: IntMap<u64, (PostedSlot, Wr)>,
     free_data: Vec<Slot>,
     free_ctrl: Vec<Slot>,
     /// Data messages received, not yet returned by `recv`.
