@@ -331,3 +331,39 @@ async fn no_listener_is_rejected() {
     settle_to(&KINDS, &before, "after the rejected connect");
     qps_settle_to(before[1], "after the rejected connect");
 }
+
+/// A request with a malformed handshake (version 9) is rejected by a local listener as a
+/// `Listener` rejects it (reason 28, `evchan: bad handshake`), and the listener accepts the
+/// next, valid one.
+#[tokio::test(flavor = "current_thread")]
+async fn local_listener_rejects_a_bad_handshake() {
+    require_device!();
+    let before = resources(&["cm_id", "qp"]);
+    let addr = v4(port(10));
+    let mut bad = evchan::proto::Handshake {
+        data_slots: 4,
+        ctrl_slots: 4,
+        max_message: 64,
+    }
+    .encode(b"");
+    bad[4] = 9;
+    let server = local::listen(addr, Config::new(), async |l| {
+        l.accept(b"", async |c| echo(c).await).await
+    });
+    let clients = async {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let (kind, status, reply) = step(
+            "the bad request",
+            tokio::task::spawn_blocking(move || support::raw_cm::connect_only(addr, &bad)),
+        )
+        .await
+        .unwrap();
+        assert_eq!((kind, status), (evchan_core::cm::EventKind::Rejected, 28));
+        assert!(reply.starts_with(b"evchan: bad handshake"), "{reply:?}");
+        local::connect(addr, Config::new(), b"", async |c| ping(c, 10).await).await
+    };
+    let (s, c) = step("both", async { tokio::join!(server, clients) }).await;
+    c.unwrap().unwrap();
+    assert_eq!(s.unwrap().unwrap().unwrap(), 10);
+    settle_to(&["cm_id", "qp"], &before, "after the bad handshake");
+}
