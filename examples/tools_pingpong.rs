@@ -224,6 +224,38 @@ async fn client(addr: SocketAddr, config: Config, a: &Args) -> Result<(), Error>
             Err(e) => return Err(e),
         }
     };
+    let rtt = round_trips(a, &mut conn).await?;
+    conn.close().await?;
+    let driver = if a.in_task { "task" } else { "threads" };
+    let app = if a.spawn { "spawn" } else { "block_on" };
+    report(a, driver, Some(app), &rtt);
+    Ok(())
+}
+
+/// A connection of the async API, as the client's loop uses it.
+trait RoundTrip {
+    /// Sends `out`, then receives the next message.
+    async fn send_recv(&mut self, out: Vec<u8>) -> Result<Option<bytes::Bytes>, Error>;
+}
+
+impl RoundTrip for Connection {
+    async fn send_recv(&mut self, out: Vec<u8>) -> Result<Option<bytes::Bytes>, Error> {
+        self.send(out).await?;
+        self.recv().await
+    }
+}
+
+impl RoundTrip for local::LocalConnection<'_> {
+    async fn send_recv(&mut self, out: Vec<u8>) -> Result<Option<bytes::Bytes>, Error> {
+        self.send(&out).await?;
+        self.recv().await
+    }
+}
+
+/// `--warmup` untimed and `--iters` timed round trips of `--size` bytes on `conn` (the
+/// message's send, then the receive of its echo, checked); the timed ones in µs. The message is
+/// copied into the `Vec` it sends before the clock starts, as a user's would be.
+async fn round_trips(a: &Args, conn: &mut impl RoundTrip) -> Result<Vec<f64>, Error> {
     let mut msg = vec![0x5au8; a.size];
     let mut rtt = Vec::with_capacity(a.iters);
     for i in 0..a.warmup + a.iters {
@@ -232,8 +264,7 @@ async fn client(addr: SocketAddr, config: Config, a: &Args) -> Result<(), Error>
         msg[..k].copy_from_slice(&seq[..k]);
         let out = bytes_of(&msg);
         let t = Instant::now();
-        conn.send(out).await?;
-        let Some(back) = conn.recv().await? else {
+        let Some(back) = conn.send_recv(out).await? else {
             return Err(Error::PeerClosed);
         };
         let took = t.elapsed();
@@ -244,11 +275,7 @@ async fn client(addr: SocketAddr, config: Config, a: &Args) -> Result<(), Error>
             rtt.push(us(took));
         }
     }
-    conn.close().await?;
-    let driver = if a.in_task { "task" } else { "threads" };
-    let app = if a.spawn { "spawn" } else { "block_on" };
-    report(a, driver, Some(app), &rtt);
-    Ok(())
+    Ok(rtt)
 }
 
 /// `--layer local`: echoes one connection's messages until the peer closes.
@@ -270,26 +297,7 @@ async fn local_client(addr: SocketAddr, config: Config, a: &Args) -> Result<(), 
     let deadline = Instant::now() + Duration::from_secs(60);
     let rtt = loop {
         let run = local::connect(addr, config.clone(), &[], async |conn| {
-            let mut msg = vec![0x5au8; a.size];
-            let mut rtt = Vec::with_capacity(a.iters);
-            for i in 0..a.warmup + a.iters {
-                let seq = (i as u64).to_be_bytes();
-                let k = a.size.min(seq.len());
-                msg[..k].copy_from_slice(&seq[..k]);
-                let t = Instant::now();
-                conn.send(&msg).await?;
-                let Some(back) = conn.recv().await? else {
-                    return Err(Error::PeerClosed);
-                };
-                let took = t.elapsed();
-                if back[..] != msg[..] {
-                    fail(PROGRAM, format!("the echo of message {i} differs"));
-                }
-                if i >= a.warmup {
-                    rtt.push(us(took));
-                }
-            }
-            Ok(rtt)
+            round_trips(a, conn).await
         });
         match run.await {
             Err(Error::Rejected { reason, .. }) if reason.0 == 8 && Instant::now() < deadline => {

@@ -53,7 +53,7 @@
 //!   its length; 64 B is nothing, 1 MiB is not), and the slot is posted again and its credit
 //!   returned before `recv` returns.
 //! - Waiting: with [`Config::busy_poll`]`(Some(window))` a wait polls the CQ, yielding to the
-//!   runtime (`tokio::task::yield_now`) every 64 empty polls, for `window`; then (and without
+//!   runtime (`tokio::task::yield_now`) every 64 empty polls, for at least `window`; then (and without
 //!   busy poll) it sleeps on the completion channel through the runtime's reactor
 //!   ([`AsyncWaiter`](evchan_core::verbs::AsyncWaiter)). [`Config::shards`],
 //!   [`Config::in_task`], [`Config::cq_entries`], [`Config::backlog`] (but for the listen
