@@ -5,7 +5,7 @@
 //! The [`Connection`](crate::Connection) API hands every message between the application's
 //! task and a shard's task (or thread); here nothing is handed over: [`LocalConnection::send`]
 //! posts from the caller's task and [`LocalConnection::recv`] polls the connection's own CQ.
-//! The wire protocol is the same ([`proto`](crate::proto): the handshake, credit flow control,
+//! The wire protocol is the same ([`proto`]: the handshake, credit flow control,
 //! credit updates and the close message), so either side may be a `Connection` or a
 //! [`Listener`](crate::Listener), or a plain librdmacm program (no flow control then, as with
 //! `Connection`).
@@ -55,7 +55,7 @@
 //! - Waiting: with [`Config::busy_poll`]`(Some(window))` a wait polls the CQ, yielding to the
 //!   runtime (`tokio::task::yield_now`) every 64 empty polls, for at least `window`; then (and without
 //!   busy poll) it sleeps on the completion channel through the runtime's reactor
-//!   ([`AsyncWaiter`](evchan_core::verbs::AsyncWaiter)). [`Config::shards`],
+//!   (`evchan_core::verbs::AsyncWaiter`). [`Config::shards`],
 //!   [`Config::in_task`], [`Config::cq_entries`], [`Config::backlog`] (but for the listen
 //!   backlog) and [`Config::keepalive`] do not apply.
 //! - Cancel safety: `send` and `recv` await only while waiting for completions or events,
@@ -109,7 +109,7 @@ const DISCONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 const BAD_HANDSHAKE: &[u8] = b"evchan: bad handshake";
 
 /// Connects to `addr` with `private_data` (at most
-/// [`MAX_CONNECT_PRIVATE_DATA`](crate::MAX_CONNECT_PRIVATE_DATA) bytes), runs `f` with the
+/// [`MAX_CONNECT_PRIVATE_DATA`] bytes), runs `f` with the
 /// connection, then closes it (see the [module](self)'s trade-offs) and returns what `f`
 /// returned.
 ///
@@ -194,7 +194,7 @@ impl LocalListener<'_> {
     }
 
     /// Waits for the next connection request, accepts it with `private_data` (at most
-    /// [`MAX_ACCEPT_PRIVATE_DATA`](crate::MAX_ACCEPT_PRIVATE_DATA) bytes), runs `g` with the
+    /// [`MAX_ACCEPT_PRIVATE_DATA`] bytes), runs `g` with the
     /// connection, closes it and returns what `g` returned. The request's id moves to an event
     /// channel of its own, and its verbs objects are locals of this future; requests that come
     /// meanwhile wait in the backlog for the next call.
