@@ -8,6 +8,8 @@
 //!                [--in-task] [--spawn]
 //! tools_pingpong --layer core --serve IP:PORT | --connect IP:PORT [--iters N] [--size BYTES]
 //!                [--busy-poll-us N] [--warmup N] [--tokio]
+//! tools_pingpong --layer local --serve IP:PORT | --connect IP:PORT [--iters N] [--size BYTES]
+//!                [--busy-poll-us N] [--warmup N]
 //! ```
 //!
 //! The server accepts one connection, sends every message back until the peer closes, and exits.
@@ -28,12 +30,15 @@
 //! per side and no runtime (`tools_pingpong_core`; `driver=core`; busy-poll with any
 //! `--busy-poll-us`); with `--tokio` the same through a current-thread tokio runtime per side,
 //! whose waits are tokio's (`driver=core-tokio`: the reach of an async API without a shard).
+//! `--layer local` runs it through the async API's `evchan::local` on both sides: the
+//! connection's objects are locals of the side's future in `block_on`, and `send`/`recv` post
+//! and reap from that task, no shard (`driver=local`).
 
 use std::net::SocketAddr;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-use evchan::{Config, Connection, Error, Listener};
+use evchan::{local, Config, Connection, Error, Listener};
 
 mod tools_pingpong_core;
 mod tools_support;
@@ -42,7 +47,7 @@ use tools_support::{emit, fail, us, Stats};
 pub(crate) const PROGRAM: &str = "tools_pingpong";
 const USAGE: &str = "usage: tools_pingpong --serve IP:PORT | --connect IP:PORT [--iters N] \
                      [--size BYTES] [--busy-poll-us N] [--warmup N] [--in-task] [--spawn] \
-                     [--layer async|core] [--tokio]";
+                     [--layer async|core|local] [--tokio]";
 
 #[derive(Clone)]
 struct Args {
@@ -55,6 +60,7 @@ struct Args {
     in_task: bool,
     spawn: bool,
     core: bool,
+    local: bool,
     tokio: bool,
 }
 
@@ -69,6 +75,7 @@ fn main() -> ExitCode {
         in_task: false,
         spawn: false,
         core: false,
+        local: false,
         tokio: false,
     };
     let mut it = std::env::args().skip(1);
@@ -102,9 +109,10 @@ fn main() -> ExitCode {
             "--size" => a.size = number(&value).max(1),
             "--warmup" => a.warmup = number(&value),
             "--layer" => match value.as_str() {
-                "async" => a.core = false,
-                "core" => a.core = true,
-                _ => bad(&"async or core"),
+                "async" => (a.core, a.local) = (false, false),
+                "core" => (a.core, a.local) = (true, false),
+                "local" => (a.core, a.local) = (false, true),
+                _ => bad(&"async, core or local"),
             },
             "--busy-poll-us" => {
                 a.busy_poll = Some(Duration::from_micros(number(&value) as u64));
@@ -130,6 +138,23 @@ fn main() -> ExitCode {
         .enable_all()
         .build()
         .unwrap_or_else(|e| fail(PROGRAM, format!("tokio: {e}")));
+    if a.local {
+        if a.in_task || a.spawn {
+            fail(
+                PROGRAM,
+                format!("--in-task and --spawn are not for --layer local\n{USAGE}"),
+            );
+        }
+        let result = match (a.serve, a.connect) {
+            (Some(addr), None) => rt.block_on(local_serve(addr, config)),
+            (None, Some(addr)) => rt.block_on(local_client(addr, config, &a)),
+            _ => fail(PROGRAM, USAGE),
+        };
+        return match result {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => fail(PROGRAM, e),
+        };
+    }
     let result = match (a.serve, a.connect, a.spawn) {
         (Some(addr), None, false) => rt.block_on(serve(addr, config)),
         (None, Some(addr), false) => rt.block_on(client(addr, config, &a)),
@@ -199,6 +224,38 @@ async fn client(addr: SocketAddr, config: Config, a: &Args) -> Result<(), Error>
             Err(e) => return Err(e),
         }
     };
+    let rtt = round_trips(a, &mut conn).await?;
+    conn.close().await?;
+    let driver = if a.in_task { "task" } else { "threads" };
+    let app = if a.spawn { "spawn" } else { "block_on" };
+    report(a, driver, Some(app), &rtt);
+    Ok(())
+}
+
+/// A connection of the async API, as the client's loop uses it.
+trait RoundTrip {
+    /// Sends `out`, then receives the next message.
+    async fn send_recv(&mut self, out: Vec<u8>) -> Result<Option<bytes::Bytes>, Error>;
+}
+
+impl RoundTrip for Connection {
+    async fn send_recv(&mut self, out: Vec<u8>) -> Result<Option<bytes::Bytes>, Error> {
+        self.send(out).await?;
+        self.recv().await
+    }
+}
+
+impl RoundTrip for local::LocalConnection<'_> {
+    async fn send_recv(&mut self, out: Vec<u8>) -> Result<Option<bytes::Bytes>, Error> {
+        self.send(&out).await?;
+        self.recv().await
+    }
+}
+
+/// `--warmup` untimed and `--iters` timed round trips of `--size` bytes on `conn` (the
+/// message's send, then the receive of its echo, checked); the timed ones in µs. The message is
+/// copied into the `Vec` it sends before the clock starts, as a user's would be.
+async fn round_trips(a: &Args, conn: &mut impl RoundTrip) -> Result<Vec<f64>, Error> {
     let mut msg = vec![0x5au8; a.size];
     let mut rtt = Vec::with_capacity(a.iters);
     for i in 0..a.warmup + a.iters {
@@ -207,8 +264,7 @@ async fn client(addr: SocketAddr, config: Config, a: &Args) -> Result<(), Error>
         msg[..k].copy_from_slice(&seq[..k]);
         let out = bytes_of(&msg);
         let t = Instant::now();
-        conn.send(out).await?;
-        let Some(back) = conn.recv().await? else {
+        let Some(back) = conn.send_recv(out).await? else {
             return Err(Error::PeerClosed);
         };
         let took = t.elapsed();
@@ -219,10 +275,38 @@ async fn client(addr: SocketAddr, config: Config, a: &Args) -> Result<(), Error>
             rtt.push(us(took));
         }
     }
-    conn.close().await?;
-    let driver = if a.in_task { "task" } else { "threads" };
-    let app = if a.spawn { "spawn" } else { "block_on" };
-    report(a, driver, Some(app), &rtt);
+    Ok(rtt)
+}
+
+/// `--layer local`: echoes one connection's messages until the peer closes.
+async fn local_serve(addr: SocketAddr, config: Config) -> Result<(), Error> {
+    local::listen(addr, config, async |l| {
+        l.accept(&[], async |conn| {
+            while let Some(msg) = conn.recv().await? {
+                conn.send(&msg).await?;
+            }
+            Ok(())
+        })
+        .await?
+    })
+    .await?
+}
+
+/// `--layer local`: the client's round trips (connecting again while nobody listens yet).
+async fn local_client(addr: SocketAddr, config: Config, a: &Args) -> Result<(), Error> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let rtt = loop {
+        let run = local::connect(addr, config.clone(), &[], async |conn| {
+            round_trips(a, conn).await
+        });
+        match run.await {
+            Err(Error::Rejected { reason, .. }) if reason.0 == 8 && Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            r => break r??,
+        }
+    };
+    report(a, "local", None, &rtt);
     Ok(())
 }
 

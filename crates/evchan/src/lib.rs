@@ -44,10 +44,12 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+mod cm_map;
 mod config;
 mod connection;
 mod error;
 mod listener;
+pub mod local;
 pub mod proto;
 mod runtime;
 mod stream;

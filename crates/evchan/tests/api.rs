@@ -132,3 +132,43 @@ fn in_task_without_drivers_is_a_config_error() {
         );
     }
 }
+
+/// `evchan::local` checks what `Connection` and `Listener` check, before anything is made:
+/// the configuration, the private data's length; without a device, the no-device error.
+#[test]
+fn local_checks_before_anything() {
+    use evchan::local::{self, LocalConnection};
+    let rt = runtime();
+    let addr = "169.254.77.1:7471".parse().unwrap();
+    let max = async |c: &mut LocalConnection<'_>| c.max_message_size();
+    for config in [Config::new().recv_depth(0), Config::new().max_message(0)] {
+        let e = rt
+            .block_on(local::connect(addr, config.clone(), b"", max))
+            .unwrap_err();
+        assert!(matches!(e, Error::Config(_)), "{e}");
+        let e = rt
+            .block_on(local::listen(addr, config, async |_| ()))
+            .unwrap_err();
+        assert!(matches!(e, Error::Config(_)), "{e}");
+    }
+    let long = [0u8; evchan::MAX_CONNECT_PRIVATE_DATA + 1];
+    let e = rt
+        .block_on(local::connect(addr, Config::new(), &long, max))
+        .unwrap_err();
+    assert!(
+        matches!(e, Error::PrivateDataTooLong { len: 41, max: 40 }),
+        "{e}"
+    );
+    if evchan_core::device::probe().is_ok() {
+        eprintln!("skipping local_checks_before_anything's no-device part: a device exists");
+        return;
+    }
+    let e = rt
+        .block_on(local::connect(addr, Config::new(), b"", max))
+        .unwrap_err();
+    assert!(e.is_no_device(), "{e}");
+    let e = rt
+        .block_on(local::listen(addr, Config::new(), async |_| ()))
+        .unwrap_err();
+    assert!(e.is_no_device(), "{e}");
+}

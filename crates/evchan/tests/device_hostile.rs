@@ -31,12 +31,13 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use evchan::proto::{self, Handshake, Peer, ProtocolError};
 use evchan::{Config, Connection, Error, Incoming, Listener, Lost};
-use evchan_core::cm::state::{Connected, RouteResolved, State};
-use evchan_core::cm::{ConnParam, EventKind, PortSpace};
+use evchan_core::cm::state::Connected;
+use evchan_core::cm::{ConnParam, EventKind};
 use evchan_core::verbs::{
     CompChannel, Context, Cq, Pd, Posted, QpInit, WcOpcode, WcStatus, WorkCompletion,
 };
-use evchan_core::{CmEvent, CmId, EventChannel};
+use evchan_core::{CmId, EventChannel};
+use support::raw_cm::{connect_only, event_for, routed};
 use support::{port, step, user_rdma_resources, v4, STEP};
 use tokio::sync::mpsc;
 
@@ -273,55 +274,6 @@ async fn qps_settle_to(n: usize, what: &str) {
 // -------------------------------------------------------------------------------------------
 // The hostile peer (blocking; run it in `spawn_blocking`)
 // -------------------------------------------------------------------------------------------
-
-/// The next event of `id` on `ch` (others are acked and dropped).
-fn event_for<'ch, S: State>(ch: &'ch EventChannel, id: &CmId<'ch, S>) -> CmEvent<'ch> {
-    let start = Instant::now();
-    loop {
-        let left = EVENT
-            .checked_sub(start.elapsed())
-            .expect("the hostile peer's event within 30 s");
-        let ev = ch
-            .get_event_timeout(left)
-            .unwrap()
-            .expect("the hostile peer's event within 30 s");
-        if ev.is_for(id) {
-            return ev;
-        }
-        ev.ack();
-    }
-}
-
-/// A TCP id on `ch` with its address and route to `addr` resolved.
-fn routed(ch: &EventChannel, addr: SocketAddr) -> CmId<'_, RouteResolved> {
-    let id = CmId::new(ch, PortSpace::Tcp)
-        .unwrap()
-        .resolve_addr(None, addr, EVENT)
-        .map_err(|e| e.error)
-        .unwrap();
-    let ev = event_for(ch, &id);
-    let id = id.addr_resolved(&ev).map_err(|e| e.error).unwrap();
-    ev.ack();
-    let id = id.resolve_route(EVENT).map_err(|e| e.error).unwrap();
-    let ev = event_for(ch, &id);
-    let id = id.route_resolved(&ev).map_err(|e| e.error).unwrap();
-    ev.ack();
-    id
-}
-
-/// What a connect without a QP came to: the event's kind, status and private data.
-fn connect_only(addr: SocketAddr, private_data: &[u8]) -> (EventKind, i32, Vec<u8>) {
-    let ch = EventChannel::new().unwrap();
-    let id = routed(&ch, addr);
-    let id = id
-        .connect(&ConnParam::new().private_data(private_data))
-        .map_err(|e| e.error)
-        .unwrap();
-    let ev = event_for(&ch, &id);
-    let out = (ev.kind(), ev.raw_status(), ev.private_data().to_vec());
-    ev.ack();
-    out
-}
 
 /// The hostile peer's established connection.
 struct Raw<'a, 'ch> {

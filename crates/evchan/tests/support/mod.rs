@@ -121,6 +121,8 @@ pub fn init_log() {
 #[path = "../../../evchan-core/tests/support/tool.rs"]
 pub mod tool;
 
+pub mod raw_cm;
+
 /// Threads of evchan's runtime (`evchan-rt`, `evchan-shard-N`) alive in this process.
 pub fn evchan_threads() -> Vec<String> {
     let Ok(dir) = std::fs::read_dir("/proc/self/task") else {

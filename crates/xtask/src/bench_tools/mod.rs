@@ -15,7 +15,8 @@
 //!   `block_on`'s future, and `task` again with the loop in a spawned task (`--spawn`); and,
 //!   beside them, the layer under the async API, `evchan-core` alone with one thread per
 //!   side (`core`, `tools_pingpong --layer core`), and the same with its waits done by a
-//!   current-thread tokio runtime per side (`core-tokio`, `--layer core --tokio`);
+//!   current-thread tokio runtime per side (`core-tokio`, `--layer core --tokio`); and the
+//!   async API's `evchan::local` on both sides (`local`, `--layer local`, with the target);
 //!   `ib_send_lat` reports half
 //!   a round trip (`t_typical` is the median of the time between two posts of the client,
 //!   divided by 2; `99% percentile` likewise), so its figures are doubled here;
@@ -83,6 +84,9 @@ const DRIVERS: &[(&str, &str, &str)] = &[
         " --layer core --tokio",
         "core layer, tokio waits",
     ),
+    // The async API without a shard: `evchan::local`, the connection a local of the side's
+    // future (with the target: it is the async API).
+    ("local", " --layer local", "evchan::local"),
 ];
 /// The busy-poll window of the async ping-pong (longer than a round trip in the VM, so the
 /// shards never sleep between two messages, as `ib_send_lat -R` never does).

@@ -232,6 +232,7 @@ mod tests {
             "@tools pingpong mode=busy driver=task app=block_on size=64 stats=n=300,p50_us=60.00,p99_us=300.00,min_us=1.00,max_us=3.00",
             "@tools pingpong mode=busy driver=core size=64 stats=n=300,p50_us=26.00,p99_us=90.00,min_us=1.00,max_us=3.00",
             "@tools pingpong mode=busy driver=core-tokio size=64 stats=n=300,p50_us=30.00,p99_us=95.00,min_us=1.00,max_us=3.00",
+            "@tools pingpong mode=busy driver=local size=64 stats=n=300,p50_us=28.00,p99_us=92.00,min_us=1.00,max_us=3.00",
         ] {
             r.add_line(line);
         }
@@ -268,6 +269,7 @@ mod tests {
             "| RTT p50, busy-poll, in-task vs threads | 55.0 | 250 | 0.22 | 250 / 1000 | 18 % |  |  |",
             "| RTT p50, busy-poll, core layer, no runtime vs `ib_send_lat -R` | 26.0 | 25.0 | 1.04 | 90.0 / 80.0 | 0 % |  |  |",
             "| RTT p50, busy-poll, core layer, tokio waits vs `ib_send_lat -R` | 30.0 | 25.0 | 1.20 | 95.0 / 80.0 | 0 % |  |  |",
+            "| RTT p50, busy-poll, evchan::local vs `ib_send_lat -R` | 28.0 | 25.0 | 1.12 | 92.0 / 80.0 | 0 % | ≤ 1.15 | yes |",
             "| RTT p50, event mode, in-task vs `ib_send_lat -R -e` | 400 | – | – | 700 / – | 50 % | ≤ 1.15 | no figure |",
             "| RTT p50, event mode, in-task vs threads | 400 | – | – | 700 / – | 50 % |  |  |",
         ] {

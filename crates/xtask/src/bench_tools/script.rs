@@ -119,24 +119,26 @@ mod tests {
         };
         let s = script(Path::new("/x"), &plan);
         let pp: Vec<&str> = s.lines().filter(|l| l.starts_with("pp ")).collect();
-        assert_eq!(pp.len(), 20, "{s}");
+        assert_eq!(pp.len(), 24, "{s}");
         for (i, want) in [
             "pp --iters 300 --size 64",
             "pp --iters 300 --size 64 --in-task",
             "pp --iters 300 --size 64 --in-task --spawn",
             "pp --iters 300 --size 64 --layer core",
             "pp --iters 300 --size 64 --layer core --tokio",
+            "pp --iters 300 --size 64 --layer local",
             "pp --iters 300 --size 64 --busy-poll-us 1000",
             "pp --iters 300 --size 64 --busy-poll-us 1000 --in-task",
             "pp --iters 300 --size 64 --busy-poll-us 1000 --in-task --spawn",
             "pp --iters 300 --size 64 --busy-poll-us 1000 --layer core",
             "pp --iters 300 --size 64 --busy-poll-us 1000 --layer core --tokio",
+            "pp --iters 300 --size 64 --busy-poll-us 1000 --layer local",
         ]
         .iter()
         .enumerate()
         {
             assert_eq!(pp[i], *want);
-            assert_eq!(pp[i + 10], *want);
+            assert_eq!(pp[i + 12], *want);
         }
         assert_eq!(s.lines().filter(|l| l.starts_with("isl ")).count(), 4);
     }

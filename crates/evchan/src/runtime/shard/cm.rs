@@ -11,8 +11,9 @@ use evchan_core::cm::state::Requested;
 use evchan_core::cm::{EventKind, PortSpace};
 use evchan_core::{CmEvent, CmId};
 
-use super::setup::{conn_param, handshake, resolve_failed};
+use super::setup::handshake;
 use super::{Listening, Migrated, Shard, DRAIN_TIMEOUT};
+use crate::cm_map::{conn_param, resolve_failed};
 use crate::config::Config;
 use crate::error::{Error, Lost, Result, Step};
 use crate::proto::{self, Credits, Peer};

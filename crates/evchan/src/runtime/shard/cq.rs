@@ -9,8 +9,9 @@ use tokio::sync::mpsc;
 use evchan_core::verbs::{Slot, WcStatus, WorkCompletion};
 
 use super::{connected, PostedWr, Shard, Spun, WrKind, POLL_BATCH, SPINS_PER_CLOCK_READ};
+use crate::cm_map;
 use crate::error::Lost;
-use crate::proto::{Kind, ProtocolError};
+use crate::proto::Kind;
 use crate::runtime::conn::Phase;
 use crate::runtime::{Cmd, ConnId, Delivery};
 
@@ -195,7 +196,10 @@ impl<'s, 'c> Shard<'s, 'c> {
             }
         }
         if !ok && wc.status() != WcStatus::WrFlush {
-            self.lose(conn, wc_failure(w.kind, wc.status(), max));
+            self.lose(
+                conn,
+                cm_map::wc_failure(w.kind == WrKind::Recv, wc.status(), max),
+            );
         }
         self.try_finish(conn);
     }
@@ -287,14 +291,5 @@ impl<'s, 'c> Shard<'s, 'c> {
                 false
             }
         }
-    }
-}
-
-/// Why a failed work request ends its connection. A receive that fails with a local length
-/// error held a message above this side's maximum, which an evchan peer never sends.
-fn wc_failure(kind: WrKind, status: WcStatus, max: u32) -> Lost {
-    match (kind, status) {
-        (WrKind::Recv, WcStatus::LocalLength) => Lost::Protocol(ProtocolError::Overrun { max }),
-        _ => Lost::WorkCompletion(status),
     }
 }

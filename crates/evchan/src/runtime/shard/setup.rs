@@ -2,19 +2,19 @@
 //! path (QP, slot pools, posted receives), the handshake in the private data, and the
 //! setup's failure.
 
-use std::io;
 use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc;
 
 use evchan_core::cm::state::Requested;
-use evchan_core::cm::{ConnParam, EventKind, Status};
+use evchan_core::cm::EventKind;
 use evchan_core::verbs::{Cq, Pd, PostedSlot, QpInit, Slot, SlotPool};
 use evchan_core::{CmEvent, CmId};
 
 use super::{PostedWr, Shard, WrKind};
+use crate::cm_map;
 use crate::error::{Error, Lost, Result, Step};
-use crate::proto::{self, Credits, Handshake, Peer};
+use crate::proto::{self, Credits, Peer};
 use crate::runtime::conn::{Conn, IdState, Path, Phase};
 use crate::runtime::{ConnId, Established, Shared};
 
@@ -36,7 +36,7 @@ impl<'s, 'c> Shard<'s, 'c> {
                             );
                             Ok(())
                         }
-                        Err(e) => Err(resolve_failed(Step::Route, e.error)),
+                        Err(e) => Err(cm_map::resolve_failed(Step::Route, e.error)),
                     },
                     Err(e) => Err(e.error.into()),
                 }
@@ -63,33 +63,19 @@ impl<'s, 'c> Shard<'s, 'c> {
             },
             (state, EventKind::AddrError) => {
                 c.id = state;
-                Err(status_error(Step::Address, status))
+                Err(cm_map::status_error(Step::Address, status))
             }
             (state, EventKind::RouteError) => {
                 c.id = state;
-                Err(status_error(Step::Route, status))
+                Err(cm_map::status_error(Step::Route, status))
             }
             (state, EventKind::Rejected) => {
                 c.id = state;
-                let private_data = match proto::decode(event.private_data()) {
-                    Ok(Peer::Evchan(_, user)) => user,
-                    _ => trim_zeros(event.private_data()),
-                };
-                Err(Error::Rejected {
-                    reason: status
-                        .reject_reason()
-                        .unwrap_or(evchan_core::cm::RejectReason(event.raw_status())),
-                    private_data,
-                })
+                Err(cm_map::rejected(event))
             }
             (state, EventKind::Unreachable) => {
                 c.id = state;
-                Err(match status.io_error() {
-                    Some(e) if e.raw_os_error() == Some(libc_etimedout()) => {
-                        Error::TimedOut(Step::Connect)
-                    }
-                    _ => Error::Unreachable(status.to_string()),
-                })
+                Err(cm_map::unreachable(status))
             }
             (state, EventKind::ConnectError) => {
                 c.id = state;
@@ -131,7 +117,7 @@ impl<'s, 'c> Shard<'s, 'c> {
         }
         let c = self.conns.get_mut(&conn).expect("present");
         let wire = handshake(c);
-        match id.connect(&conn_param(&wire, c.config.retry_count)) {
+        match id.connect(&cm_map::conn_param(&wire, c.config.retry_count)) {
             Ok(id) => c.id = IdState::Connecting(id),
             Err(e) => {
                 drop(e.id);
@@ -236,27 +222,17 @@ impl<'s, 'c> Shard<'s, 'c> {
             ));
         }
         let config = &c.config;
-        let ctrl = u32::from(config.ctrl_slots);
-        let init = QpInit::new()
-            .max_send_wr(config.send_depth + ctrl)
-            .max_recv_wr(config.recv_depth + ctrl)
-            .max_sge(1);
         let pd = &self.env.pds[dev];
         let cq = &self.env.cqs[dev];
-        target.create_qp(pd, cq, &init)?;
+        target.create_qp(pd, cq, &config.qp_init())?;
         let slot_size = config.max_message as usize;
-        let (recv_pool, recv_slots) =
-            SlotPool::new((config.recv_depth + ctrl) as usize, slot_size)?;
-        let (send_pool, mut send_slots) =
-            SlotPool::new((config.send_depth + ctrl) as usize, slot_size)?;
+        let (recvs, sends) = config.slot_counts();
+        let (recv_pool, recv_slots) = SlotPool::new(recvs, slot_size)?;
+        let (send_pool, mut send_slots) = SlotPool::new(sends, slot_size)?;
         let recv_mr = pd.reg_mr(recv_pool)?;
         let send_mr = pd.reg_mr(send_pool)?;
         let free_ctrl = send_slots.split_off(config.send_depth as usize);
-        let mine = Handshake {
-            data_slots: config.recv_depth,
-            ctrl_slots: config.ctrl_slots,
-            max_message: config.max_message,
-        };
+        let mine = config.handshake();
         self.cq_free[dev] -= cost;
         c.cq_reserved = cost;
         let path = Path {
@@ -296,53 +272,12 @@ impl<'s, 'c> Shard<'s, 'c> {
     }
 }
 
-fn status_error(step: Step, status: Status) -> Error {
-    match status.io_error() {
-        Some(e) if e.raw_os_error() == Some(libc_etimedout()) => Error::TimedOut(step),
-        Some(source) => Error::Resolve { step, source },
-        None => Error::Resolve {
-            step,
-            source: io::Error::other(status.to_string()),
-        },
-    }
-}
-
-/// An immediate failure of `rdma_resolve_addr` / `rdma_resolve_route` (e.g. `ENETUNREACH`).
-pub(super) fn resolve_failed(step: Step, e: evchan_core::Error) -> Error {
-    match e {
-        evchan_core::Error::Os { source, .. } => Error::Resolve { step, source },
-        e => e.into(),
-    }
-}
-
-fn libc_etimedout() -> i32 {
-    io::Error::from(io::ErrorKind::TimedOut)
-        .raw_os_error()
-        .unwrap_or(110)
-}
-
 /// This side's handshake and the user's private data, for `rdma_connect` / `rdma_accept`.
 pub(super) fn handshake(c: &Conn<'_>) -> Vec<u8> {
     c.path
         .as_ref()
         .map(|p| p.mine.encode(&c.private_data))
         .unwrap_or_default()
-}
-
-/// The connection parameters of both sides: `wire` as private data, RNR retried without
-/// end, as plain librdmacm programs expect (evchan peers never cause an RNR: credits), and the
-/// transport's retries (`Config::retry_count`; the IB CM takes the connecting side's for both).
-pub(super) fn conn_param(wire: &[u8], retry_count: u8) -> ConnParam<'_> {
-    ConnParam::new()
-        .private_data(wire)
-        .rnr_retry_count(7)
-        .retry_count(retry_count)
-}
-
-/// The padding RoCE adds to private data, taken off a plain peer's reject data.
-fn trim_zeros(data: &[u8]) -> Vec<u8> {
-    let end = data.iter().rposition(|&b| b != 0).map_or(0, |i| i + 1);
-    data[..end].to_vec()
 }
 
 /// The id a path is made for: routed (active side) or requested (passive side).

@@ -1,0 +1,369 @@
+//! `evchan::local`: connections scoped to one future, against the kernel's rdma_cm and rxe (in
+//! the soft-RoCE VM), with regular `Listener`/`Connection` peers and with each other. Run with
+//! `--test-threads 1` (RDMA resources are counted process-wide).
+#![forbid(unsafe_code)]
+
+mod support;
+
+use std::cell::Cell;
+use std::time::Duration;
+
+use evchan::local::{self, LocalConnection};
+use evchan::{Config, Connection, Error, Listener, Lost};
+use support::{port, qps_settle_to, step, user_rdma_resources, v4};
+
+/// The kinds of `rdma resource show` a test must leave as it found them.
+const KINDS: [&str; 5] = ["cm_id", "qp", "cq", "mr", "pd"];
+
+fn resources(kinds: &[&str]) -> Vec<usize> {
+    kinds.iter().map(|k| user_rdma_resources(k).len()).collect()
+}
+
+/// Waits (at most 20 s) until `kinds` list as many entries as `before`.
+fn settle_to(kinds: &[&str], before: &[usize], what: &str) {
+    let start = std::time::Instant::now();
+    loop {
+        let now = resources(kinds);
+        if now == before {
+            return;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "{what}: {kinds:?} list {now:?}, {before:?} expected"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn msg(i: u32, len: usize) -> Vec<u8> {
+    let mut v = vec![(i % 251) as u8; len.max(4)];
+    v[..4].copy_from_slice(&i.to_be_bytes());
+    v
+}
+
+/// The size of message `i` of `n`: 1..=max, the last one `max`.
+fn size(i: u32, n: u32, max: usize) -> usize {
+    if i + 1 == n {
+        max
+    } else {
+        1 + (i as usize * 37) % max
+    }
+}
+
+/// Sends `n` messages of 1..=max bytes and checks each echo.
+async fn ping(conn: &mut LocalConnection<'_>, n: u32) -> Result<(), Error> {
+    let max = conn.max_message_size();
+    for i in 0..n {
+        let m = msg(i, size(i, n, max));
+        conn.send(&m).await?;
+        let back = conn.recv().await?.expect("an echo");
+        assert_eq!(&back[..], &m[..], "message {i}");
+    }
+    Ok(())
+}
+
+/// Echoes until the peer's FIN.
+async fn echo(conn: &mut LocalConnection<'_>) -> Result<u32, Error> {
+    let mut n = 0;
+    while let Some(m) = conn.recv().await? {
+        conn.send(&m).await?;
+        n += 1;
+    }
+    Ok(n)
+}
+
+fn configs() -> [Config; 2] {
+    [
+        Config::new(),
+        Config::new().busy_poll(Some(Duration::from_micros(300))),
+    ]
+}
+
+/// A local client, a regular `Listener` server that echoes: 300 messages of 1..=4096 bytes
+/// come back in order, in event and busy-poll mode; the server sees the client's FIN.
+#[tokio::test(flavor = "current_thread")]
+async fn local_client_regular_server() {
+    require_device!();
+    let before = resources(&["cm_id", "qp"]);
+    for (k, config) in configs().into_iter().enumerate() {
+        let listener = step(
+            "bind",
+            Listener::bind(v4(port(1 + k as u16)), Config::new()),
+        )
+        .await
+        .unwrap();
+        let addr = listener.local_addr();
+        let server = tokio::spawn(async move {
+            let mut conn = listener.accept().await?.accept(b"echo").await?;
+            let mut n = 0u32;
+            while let Some(m) = conn.recv().await? {
+                conn.send(m).await?;
+                n += 1;
+            }
+            conn.close().await?;
+            Ok::<_, Error>(n)
+        });
+        let r = step(
+            "client",
+            local::connect(addr, config, b"hi", async |conn| {
+                assert_eq!(conn.peer_private_data(), b"echo");
+                assert!(conn.is_evchan_peer());
+                assert_eq!(conn.max_message_size(), 4096);
+                ping(conn, 300).await
+            }),
+        )
+        .await;
+        r.unwrap().unwrap();
+        assert_eq!(step("server", server).await.unwrap().unwrap(), 300);
+    }
+    settle_to(&["cm_id", "qp"], &before, "after the local clients");
+}
+
+/// A regular client, a local listener that echoes two connections in turn.
+#[tokio::test(flavor = "current_thread")]
+async fn regular_client_local_listener() {
+    require_device!();
+    let before = resources(&["cm_id", "qp"]);
+    let addr = v4(port(3));
+    let server = local::listen(addr, Config::new(), async |l| {
+        let mut counts = Vec::new();
+        for _ in 0..2 {
+            counts.push(l.accept(b"local", async |c| echo(c).await).await??);
+        }
+        Ok::<_, Error>(counts)
+    });
+    let client = async {
+        for _ in 0..2 {
+            let mut conn = loop {
+                match Connection::connect(addr).await {
+                    Ok(c) => break c,
+                    Err(Error::Rejected { reason, .. }) if reason.0 == 8 => {
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                    }
+                    Err(e) => panic!("connect: {e}"),
+                }
+            };
+            assert_eq!(conn.peer_private_data(), b"local");
+            for i in 0..300u32 {
+                let m = bytes::Bytes::from(msg(i, size(i, 300, 4096)));
+                conn.send(m.clone()).await.unwrap();
+                assert_eq!(conn.recv().await.unwrap().unwrap(), m, "message {i}");
+            }
+            conn.close().await.unwrap();
+        }
+    };
+    let (counts, ()) = step("both", async { tokio::join!(server, client) }).await;
+    assert_eq!(counts.unwrap().unwrap(), vec![300, 300]);
+    settle_to(&["cm_id", "qp"], &before, "after the local listener");
+}
+
+/// Local to local, event and busy-poll mode, in one task; every resource is gone after.
+#[tokio::test(flavor = "current_thread")]
+async fn local_to_local() {
+    require_device!();
+    let before = resources(&KINDS);
+    for (k, config) in configs().into_iter().enumerate() {
+        let addr = v4(port(4 + k as u16));
+        let server = local::listen(addr, config.clone(), async |l| {
+            assert_eq!(l.local_addr(), Some(addr));
+            l.accept(b"", async |c| echo(c).await).await
+        });
+        let client = async {
+            loop {
+                let r = local::connect(addr, config.clone(), b"", async |c| ping(c, 300).await);
+                match r.await {
+                    Err(Error::Rejected { reason, .. }) if reason.0 == 8 => {
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                    }
+                    r => break r,
+                }
+            }
+        };
+        let (s, c) = step("both", async { tokio::join!(server, client) }).await;
+        c.unwrap().unwrap();
+        assert_eq!(s.unwrap().unwrap().unwrap(), 300);
+    }
+    settle_to(&KINDS, &before, "after local to local");
+}
+
+/// A local sender to a regular peer that does not read for 500 ms: it posts exactly the
+/// peer's 4 data credits and waits (the connection does not fail: no RNR), then every one of
+/// 100 messages arrives, in order, once the peer reads.
+#[tokio::test(flavor = "current_thread")]
+async fn credits_hold_a_sender_back() {
+    require_device!();
+    let before = resources(&["cm_id", "qp"]);
+    let listener = step(
+        "bind",
+        Listener::bind(v4(port(6)), Config::new().recv_depth(4)),
+    )
+    .await
+    .unwrap();
+    let addr = listener.local_addr();
+    let sent = Cell::new(0u32);
+    let server = async {
+        let mut conn = listener.accept().await?.accept(b"").await?;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert_eq!(sent.get(), 4, "sends posted while the peer did not read");
+        let mut i = 0u32;
+        while let Some(m) = conn.recv().await? {
+            assert_eq!(&m[..], &msg(i, 64)[..], "message {i}");
+            i += 1;
+        }
+        conn.close().await?;
+        Ok::<_, Error>(i)
+    };
+    let client = local::connect(addr, Config::new(), b"", async |c| {
+        for i in 0..100 {
+            c.send(&msg(i, 64)).await?;
+            sent.set(i + 1);
+        }
+        Ok::<_, Error>(())
+    });
+    let (s, c) = step("both", async { tokio::join!(server, client) }).await;
+    c.unwrap().unwrap();
+    assert_eq!(s.unwrap(), 100);
+    drop(listener);
+    settle_to(&["cm_id", "qp"], &before, "after the credits test");
+}
+
+/// The peer closes cleanly after 3 messages: `recv` returns them, then `None`; `send` above the
+/// peer's maximum is `MessageTooLarge` and sends nothing.
+#[tokio::test(flavor = "current_thread")]
+async fn peer_close_and_too_large() {
+    require_device!();
+    let before = resources(&["cm_id", "qp"]);
+    let listener = step(
+        "bind",
+        Listener::bind(v4(port(7)), Config::new().max_message(256)),
+    )
+    .await
+    .unwrap();
+    let addr = listener.local_addr();
+    let server = tokio::spawn(async move {
+        let mut conn = listener.accept().await?.accept(b"").await?;
+        for i in 0..3 {
+            conn.send(bytes::Bytes::from(msg(i, 100))).await?;
+        }
+        let got = conn.recv().await?;
+        conn.close().await?;
+        Ok::<_, Error>(got)
+    });
+    let r = local::connect(addr, Config::new(), b"", async |c| {
+        assert_eq!(c.max_message_size(), 256);
+        let e = c.send(&[0; 257]).await.unwrap_err();
+        assert!(
+            matches!(e, Error::MessageTooLarge { len: 257, max: 256 }),
+            "{e:?}"
+        );
+        c.send(&[7; 256]).await?;
+        for i in 0..3 {
+            assert_eq!(&c.recv().await?.unwrap()[..], &msg(i, 100)[..]);
+        }
+        assert_eq!(c.recv().await?, None);
+        assert_eq!(c.recv().await?, None);
+        Ok::<_, Error>(())
+    });
+    step("client", r).await.unwrap().unwrap();
+    let got = step("server", server).await.unwrap().unwrap();
+    assert_eq!(got.as_deref(), Some(&[7u8; 256][..]));
+    settle_to(&["cm_id", "qp"], &before, "after the close test");
+}
+
+/// The peer vanishes mid-stream (its runtime, with its shard, is dropped: its id is destroyed
+/// and the kernel disconnects): `recv` returns the message before, then an error, and does not
+/// hang; `send` after it fails too.
+#[tokio::test(flavor = "current_thread")]
+async fn peer_vanishes() {
+    require_device!();
+    let before = resources(&["cm_id", "qp"]);
+    let addr = v4(port(8));
+    let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
+    let peer = std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let conn = rt.block_on(async {
+            let listener = Listener::bind(addr, Config::new().in_task(true)).await?;
+            ready_tx.send(()).unwrap();
+            let mut conn = listener.accept().await?.accept(b"").await?;
+            conn.send(bytes::Bytes::from_static(b"one")).await?;
+            assert_eq!(conn.recv().await?.as_deref(), Some(&b"go"[..]));
+            Ok::<_, Error>(conn)
+        });
+        drop(rt);
+        drop(conn);
+    });
+    ready_rx.await.unwrap();
+    let r = local::connect(addr, Config::new(), b"", async |c| {
+        assert_eq!(c.recv().await?.as_deref(), Some(&b"one"[..]));
+        c.send(b"go").await?;
+        let e = step("recv after the peer vanished", c.recv())
+            .await
+            .unwrap_err();
+        assert!(matches!(e, Error::ConnectionLost(_)), "{e:?}");
+        let e = c.send(b"x").await.unwrap_err();
+        assert!(
+            matches!(
+                e,
+                Error::ConnectionLost(Lost::Disconnected | Lost::WorkCompletion(_))
+            ),
+            "{e:?}"
+        );
+        Ok::<_, Error>(())
+    });
+    step("client", r).await.unwrap().unwrap();
+    peer.join().unwrap();
+    settle_to(&["cm_id", "qp"], &before, "after the vanished peer");
+}
+
+/// Nobody listens: `Rejected` with reason 8, as `Connection::connect`; nothing is left.
+#[tokio::test(flavor = "current_thread")]
+async fn no_listener_is_rejected() {
+    require_device!();
+    let before = resources(&KINDS);
+    let r = local::connect(v4(port(9)), Config::new(), b"", async |_| ()).await;
+    match r {
+        Err(Error::Rejected { reason, .. }) => assert_eq!(reason.0, 8),
+        r => panic!("expected Rejected, got {r:?}"),
+    }
+    settle_to(&KINDS, &before, "after the rejected connect");
+    qps_settle_to(before[1], "after the rejected connect");
+}
+
+/// A request with a malformed handshake (version 9) is rejected by a local listener as a
+/// `Listener` rejects it (reason 28, `evchan: bad handshake`), and the listener accepts the
+/// next, valid one.
+#[tokio::test(flavor = "current_thread")]
+async fn local_listener_rejects_a_bad_handshake() {
+    require_device!();
+    let before = resources(&["cm_id", "qp"]);
+    let addr = v4(port(10));
+    let mut bad = evchan::proto::Handshake {
+        data_slots: 4,
+        ctrl_slots: 4,
+        max_message: 64,
+    }
+    .encode(b"");
+    bad[4] = 9;
+    let server = local::listen(addr, Config::new(), async |l| {
+        l.accept(b"", async |c| echo(c).await).await
+    });
+    let clients = async {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let (kind, status, reply) = step(
+            "the bad request",
+            tokio::task::spawn_blocking(move || support::raw_cm::connect_only(addr, &bad)),
+        )
+        .await
+        .unwrap();
+        assert_eq!((kind, status), (evchan_core::cm::EventKind::Rejected, 28));
+        assert!(reply.starts_with(b"evchan: bad handshake"), "{reply:?}");
+        local::connect(addr, Config::new(), b"", async |c| ping(c, 10).await).await
+    };
+    let (s, c) = step("both", async { tokio::join!(server, clients) }).await;
+    c.unwrap().unwrap();
+    assert_eq!(s.unwrap().unwrap().unwrap(), 10);
+    settle_to(&["cm_id", "qp"], &before, "after the bad handshake");
+}
