@@ -363,6 +363,24 @@ enum Wr {
 /// # Ok(())
 /// # }
 /// ```
+///
+/// Nor trade places with another one, whose objects live in another future (each connection's
+/// lifetime is its own):
+///
+/// ```compile_fail
+/// # async fn f() -> Result<(), evchan::Error> {
+/// use evchan::{local, Config};
+/// let addr = "169.254.77.1:7471".parse().unwrap();
+/// local::connect(addr, Config::new(), b"", async |outer| {
+///     local::connect(addr, Config::new(), b"", async |inner| {
+///         std::mem::swap(outer, inner); // error: lifetime may not live long enough
+///     })
+///     .await
+/// })
+/// .await??;
+/// # Ok(())
+/// # }
+/// ```
 pub struct LocalConnection<'a> {
     id: CmId<'a, Connected>,
     ch: &'a EventChannel,
