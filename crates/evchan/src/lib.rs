@@ -39,6 +39,11 @@
 //!   and arm the CQ before the last poll.
 //! - A peer that is a plain librdmacm program (no evchan handshake in its private data) works
 //!   too, without flow control of ours (its sends are retried on RNR as C programs' are).
+//! - [`local`]: the same protocol without a shard, for a connection that lives in one future
+//!   (`local::connect(addr, config, private_data, async |conn| …)`, `local::listen`): `send`
+//!   posts from the caller's task and `recv` polls the connection's own CQ, which removes the
+//!   hand-off between tasks from every message; the connection cannot leave its closure (see
+//!   the module's trade-offs).
 //!
 //! Nothing is logged by default; lifecycle events are `tracing` debug events.
 #![forbid(unsafe_code)]
