@@ -367,3 +367,122 @@ async fn local_listener_rejects_a_bad_handshake() {
     assert_eq!(s.unwrap().unwrap().unwrap(), 10);
     settle_to(&["cm_id", "qp"], &before, "after the bad handshake");
 }
+
+/// `send` and `recv` under timeouts of 20–200 µs, each retried until it returns: a cancelled
+/// `recv` loses no message (the docs' cancel safety), in event and busy-poll mode; the regular
+/// server records what it got: exactly 0..200, in order. (`send` waits, and so can be
+/// cancelled, only without a credit or a send slot, which this echo never lacks: the next test
+/// cancels it.)
+#[tokio::test(flavor = "current_thread")]
+async fn send_and_recv_cancelled_lose_nothing() {
+    require_device!();
+    const N: u32 = 200;
+    for (k, config) in configs().into_iter().enumerate() {
+        let listener = step(
+            "bind",
+            Listener::bind(v4(port(11 + k as u16)), Config::new()),
+        )
+        .await
+        .unwrap();
+        let addr = listener.local_addr();
+        let server = tokio::spawn(async move {
+            let mut conn = listener.accept().await?.accept(b"").await?;
+            let mut got = Vec::new();
+            while let Some(m) = conn.recv().await? {
+                got.push(u32::from_be_bytes(m[..4].try_into().unwrap()));
+                conn.send(m).await?;
+            }
+            conn.close().await?;
+            Ok::<_, Error>(got)
+        });
+        let (sends_cancelled, recvs_cancelled) = step(
+            "client",
+            local::connect(addr, config, b"", async |conn| {
+                let (mut sends, mut recvs) = (0u32, 0u32);
+                for i in 0..N {
+                    let t = || Duration::from_micros(20 + u64::from(i * 37 % 181));
+                    let m = msg(i, 64);
+                    loop {
+                        match tokio::time::timeout(t(), conn.send(&m)).await {
+                            Ok(r) => break r.unwrap(),
+                            Err(_) => sends += 1,
+                        }
+                    }
+                    let back = loop {
+                        match tokio::time::timeout(t(), conn.recv()).await {
+                            Ok(r) => break r.unwrap().expect("an echo"),
+                            Err(_) => recvs += 1,
+                        }
+                    };
+                    assert_eq!(&back[..], &m[..], "message {i}");
+                }
+                (sends, recvs)
+            }),
+        )
+        .await
+        .unwrap();
+        let got = step("server", server).await.unwrap().unwrap();
+        assert_eq!(got, (0..N).collect::<Vec<_>>(), "config {k}");
+        eprintln!(
+            "config {k}: {sends_cancelled} sends and {recvs_cancelled} receives cancelled by \
+             their timeout"
+        );
+        assert!(
+            recvs_cancelled > 0,
+            "no receive was ever cancelled: the test tested nothing"
+        );
+    }
+}
+
+/// `send` cancelled while it waits for the peer's credits (a server with 2 receives that reads
+/// a message every 2 ms): each message is sent again until its `send` returns, and the server
+/// gets every one exactly once, in order — a cancelled `send` sent nothing.
+#[tokio::test(flavor = "current_thread")]
+async fn send_cancelled_while_waiting_for_credits_sends_nothing() {
+    require_device!();
+    const N: u32 = 100;
+    let listener = step(
+        "bind",
+        Listener::bind(v4(port(13)), Config::new().recv_depth(2)),
+    )
+    .await
+    .unwrap();
+    let addr = listener.local_addr();
+    let server = tokio::spawn(async move {
+        let mut conn = listener.accept().await?.accept(b"").await?;
+        let mut got = Vec::new();
+        loop {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+            let Some(m) = conn.recv().await? else { break };
+            got.push(u32::from_be_bytes(m[..4].try_into().unwrap()));
+        }
+        conn.close().await?;
+        Ok::<_, Error>(got)
+    });
+    let cancelled = step(
+        "client",
+        local::connect(addr, Config::new(), b"", async |conn| {
+            let mut cancelled = 0u32;
+            for i in 0..N {
+                let m = msg(i, 64);
+                loop {
+                    let t = Duration::from_micros(50 + u64::from(i * 37 % 151));
+                    match tokio::time::timeout(t, conn.send(&m)).await {
+                        Ok(r) => break r.unwrap(),
+                        Err(_) => cancelled += 1,
+                    }
+                }
+            }
+            cancelled
+        }),
+    )
+    .await
+    .unwrap();
+    let got = step("server", server).await.unwrap().unwrap();
+    assert_eq!(got, (0..N).collect::<Vec<_>>());
+    eprintln!("{cancelled} sends cancelled by their timeout");
+    assert!(
+        cancelled > 0,
+        "no send was ever cancelled: the test tested nothing"
+    );
+}
