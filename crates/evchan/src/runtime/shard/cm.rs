@@ -255,36 +255,14 @@ impl<'s, 'c> Shard<'s, 'c> {
         if target == self.env.index {
             return self.on_migrated(m);
         }
-        let Migrated {
-            id,
-            conn,
-            config,
-            peer,
-            accept_queue,
-            ticket,
-        } = m;
-        match id.migrate(&self.env.channels[target]) {
+        // The id moves to the target's channel; the rest of the request goes with it.
+        match m.id.migrate(&self.env.channels[target]) {
             Ok(id) => {
-                let m = Migrated {
-                    id,
-                    conn,
-                    config,
-                    peer,
-                    accept_queue,
-                    ticket,
-                };
-                if let Err(back) = self.env.peers[target].send(m) {
+                if let Err(back) = self.env.peers[target].send(Migrated { id, ..m }) {
                     let _ = back.0.id.reject(&[]);
                 }
             }
-            Err(e) => self.on_migrated(Migrated {
-                id: e.id,
-                conn,
-                config,
-                peer,
-                accept_queue,
-                ticket,
-            }),
+            Err(e) => self.on_migrated(Migrated { id: e.id, ..m }),
         }
     }
 
