@@ -91,6 +91,11 @@ struct PostedWr {
     kind: WrKind,
 }
 
+/// Records a work request posted for `conn` under its `wr_id`, where its completion finds it.
+fn record(posted: &mut IntMap<u64, PostedWr>, conn: ConnId, slot: PostedSlot, kind: WrKind) {
+    posted.insert(slot.wr_id(), PostedWr { conn, slot, kind });
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum WrKind {
     Recv,
@@ -487,14 +492,7 @@ fn post_ctrl<'s>(
     match id.post_send_slot(&path.send_mr, slot, Some(imm)) {
         Ok(slot) => {
             let wr_id = slot.wr_id();
-            posted.insert(
-                wr_id,
-                PostedWr {
-                    conn,
-                    slot,
-                    kind: WrKind::Ctrl,
-                },
-            );
+            record(posted, conn, slot, WrKind::Ctrl);
             CtrlPost::Posted(wr_id)
         }
         Err(e) if e.is_queue_full() => {

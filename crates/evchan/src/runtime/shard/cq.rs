@@ -8,7 +8,7 @@ use tokio::sync::mpsc;
 
 use evchan_core::verbs::{Slot, WcStatus, WorkCompletion};
 
-use super::{connected, PostedWr, Shard, Spun, WrKind, POLL_BATCH, SPINS_PER_CLOCK_READ};
+use super::{connected, record, Shard, Spun, WrKind, POLL_BATCH, SPINS_PER_CLOCK_READ};
 use crate::cm_map;
 use crate::error::Lost;
 use crate::proto::Kind;
@@ -275,14 +275,7 @@ impl<'s, 'c> Shard<'s, 'c> {
         match id.post_recv_slot(&path.recv_mr, slot) {
             Ok(posted) => {
                 c.outstanding += 1;
-                self.posted.insert(
-                    posted.wr_id(),
-                    PostedWr {
-                        conn,
-                        slot: posted,
-                        kind: WrKind::Recv,
-                    },
-                );
+                record(&mut self.posted, conn, posted, WrKind::Recv);
                 true
             }
             Err(e) => {

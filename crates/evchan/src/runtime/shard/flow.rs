@@ -3,7 +3,7 @@
 
 use std::time::Instant;
 
-use super::{connected, post_ctrl, CtrlPost, PostedWr, Shard, WrKind, DRAIN_TIMEOUT};
+use super::{connected, post_ctrl, record, CtrlPost, Shard, WrKind, DRAIN_TIMEOUT};
 use crate::error::{Error, Lost};
 use crate::runtime::conn::{with_id, Conn, IdState, Phase};
 use crate::runtime::{ConnId, Delivery, SendEnd};
@@ -146,14 +146,7 @@ impl<'s, 'c> Shard<'s, 'c> {
                     c.outbox.pop_front();
                     c.outstanding += 1;
                     c.sends_in_flight += 1;
-                    self.posted.insert(
-                        posted.wr_id(),
-                        PostedWr {
-                            conn,
-                            slot: posted,
-                            kind: WrKind::Data,
-                        },
-                    );
+                    record(&mut self.posted, conn, posted, WrKind::Data);
                 }
                 Err(e) if e.is_queue_full() => {
                     // Backpressure: retried on the next completion.

@@ -11,7 +11,7 @@ use evchan_core::cm::EventKind;
 use evchan_core::verbs::{Cq, Pd, PostedSlot, QpInit, Slot, SlotPool};
 use evchan_core::{CmEvent, CmId};
 
-use super::{PostedWr, Shard, WrKind};
+use super::{record, Shard, WrKind};
 use crate::cm_map;
 use crate::error::{Error, Lost, Result, Step};
 use crate::proto::{self, Credits, Peer};
@@ -248,14 +248,7 @@ impl<'s, 'c> Shard<'s, 'c> {
                 .post_recv(&path, slot)
                 .map_err(|e| Error::Verbs(e.error))?;
             c.outstanding += 1;
-            self.posted.insert(
-                posted.wr_id(),
-                PostedWr {
-                    conn,
-                    slot: posted,
-                    kind: WrKind::Recv,
-                },
-            );
+            record(&mut self.posted, conn, posted, WrKind::Recv);
         }
         c.path = Some(path);
         Ok(())
