@@ -5,11 +5,11 @@
 use std::io;
 
 use evchan_core::cm::{ConnParam, RejectReason, Status};
-use evchan_core::verbs::{QpInit, WcStatus};
+use evchan_core::verbs::{Mr, Pd, QpInit, Slot, SlotPool, WcStatus};
 use evchan_core::CmEvent;
 
 use crate::config::Config;
-use crate::error::{Error, Lost, Step};
+use crate::error::{Error, Lost, Result, Step};
 use crate::proto::{self, Handshake, Peer, ProtocolError};
 
 impl Config {
@@ -32,15 +32,32 @@ impl Config {
             .max_sge(1)
     }
 
-    /// Slots of the receive pool and of the send pool (the last `ctrl_slots` of the send pool
-    /// are the control slots), each of `max_message` bytes.
-    pub(crate) fn slot_counts(&self) -> (usize, usize) {
+    /// A connection's memory, registered with `pd`: `recv_depth + ctrl_slots` receive slots,
+    /// and `send_depth` data and `ctrl_slots` control send slots, each of `max_message` bytes.
+    pub(crate) fn pools<'pd>(&self, pd: &'pd Pd<'_>) -> Result<Pools<'pd>> {
         let ctrl = u32::from(self.ctrl_slots);
-        (
-            (self.recv_depth + ctrl) as usize,
-            (self.send_depth + ctrl) as usize,
-        )
+        let size = self.max_message as usize;
+        let (recv_pool, recv_slots) = SlotPool::new((self.recv_depth + ctrl) as usize, size)?;
+        let (send_pool, mut free_data) = SlotPool::new((self.send_depth + ctrl) as usize, size)?;
+        let free_ctrl = free_data.split_off(self.send_depth as usize);
+        Ok(Pools {
+            recv_mr: pd.reg_mr(recv_pool)?,
+            recv_slots,
+            send_mr: pd.reg_mr(send_pool)?,
+            free_data,
+            free_ctrl,
+        })
     }
+}
+
+/// What [`Config::pools`] registers: the receive pool with its slots (all to be posted), the
+/// send pool with its free data and control slots.
+pub(crate) struct Pools<'pd> {
+    pub(crate) recv_mr: Mr<'pd, SlotPool>,
+    pub(crate) recv_slots: Vec<Slot>,
+    pub(crate) send_mr: Mr<'pd, SlotPool>,
+    pub(crate) free_data: Vec<Slot>,
+    pub(crate) free_ctrl: Vec<Slot>,
 }
 
 /// The connection parameters of both sides: `wire` as private data, RNR retried without

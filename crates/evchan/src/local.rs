@@ -274,19 +274,19 @@ async fn run<S: Start, R>(
     let comp = CompChannel::new(&ctx)?;
     let cq = Cq::new(&comp, config.cq_cost())?;
     let waiter = comp.async_waiter()?;
-    let size = config.max_message as usize;
-    let (recvs, sends) = config.slot_counts();
-    let (recv_pool, recv_slots) = SlotPool::new(recvs, size)?;
-    let (send_pool, mut free_data) = SlotPool::new(sends, size)?;
-    let free_ctrl = free_data.split_off(config.send_depth as usize);
-    let recv_mr = pd.reg_mr(recv_pool)?;
-    let send_mr = pd.reg_mr(send_pool)?;
+    let cm_map::Pools {
+        recv_mr,
+        recv_slots,
+        send_mr,
+        free_data,
+        free_ctrl,
+    } = config.pools(&pd)?;
     let mine = config.handshake();
     // Rebound after the objects its QP borrows, so that it goes before them.
     let mut id = id;
     id.create_qp_with(&pd, &cq, &cq, &config.qp_init())?;
     let mut posted = IntMap::default();
-    posted.reserve(recvs + sends);
+    posted.reserve(recv_slots.len() + free_data.len() + free_ctrl.len());
     for slot in recv_slots {
         let p = id
             .post_recv_slot(&recv_mr, slot)

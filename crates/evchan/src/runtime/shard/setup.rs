@@ -8,7 +8,7 @@ use tokio::sync::mpsc;
 
 use evchan_core::cm::state::Requested;
 use evchan_core::cm::EventKind;
-use evchan_core::verbs::{Cq, Pd, PostedSlot, QpInit, Slot, SlotPool};
+use evchan_core::verbs::{Cq, Pd, PostedSlot, QpInit, Slot};
 use evchan_core::{CmEvent, CmId};
 
 use super::{record, Shard, WrKind};
@@ -225,13 +225,13 @@ impl<'s, 'c> Shard<'s, 'c> {
         let pd = &self.env.pds[dev];
         let cq = &self.env.cqs[dev];
         target.create_qp(pd, cq, &config.qp_init())?;
-        let slot_size = config.max_message as usize;
-        let (recvs, sends) = config.slot_counts();
-        let (recv_pool, recv_slots) = SlotPool::new(recvs, slot_size)?;
-        let (send_pool, mut send_slots) = SlotPool::new(sends, slot_size)?;
-        let recv_mr = pd.reg_mr(recv_pool)?;
-        let send_mr = pd.reg_mr(send_pool)?;
-        let free_ctrl = send_slots.split_off(config.send_depth as usize);
+        let cm_map::Pools {
+            recv_mr,
+            recv_slots,
+            send_mr,
+            free_data,
+            free_ctrl,
+        } = config.pools(pd)?;
         let mine = config.handshake();
         self.cq_free[dev] -= cost;
         c.cq_reserved = cost;
@@ -239,7 +239,7 @@ impl<'s, 'c> Shard<'s, 'c> {
             dev,
             recv_mr,
             send_mr,
-            free_data: send_slots,
+            free_data,
             free_ctrl,
             mine,
         };
