@@ -490,21 +490,15 @@ impl LocalConnection<'_> {
                 let imm = self.credits.as_mut().and_then(Credits::send_data);
                 let mut slot = self.free_data.pop().expect("checked");
                 slot.copy_from(data)?;
-                match self.id.post_send_slot(self.send_mr, slot, imm) {
-                    Ok(p) => {
-                        self.posted.insert(p.wr_id(), (p, Wr::Data));
-                        self.sends_in_flight += 1;
-                        return Ok(());
-                    }
-                    Err(e) if e.is_queue_full() => {
-                        self.credits = saved;
-                        self.free_data.push(e.slot);
-                    }
-                    Err(e) => {
-                        let why = Lost::Verbs(e.error.to_string());
-                        self.lose(why.clone());
-                        return Err(Error::ConnectionLost(why));
-                    }
+                if self.post_send(slot, imm, Wr::Data).is_some() {
+                    self.sends_in_flight += 1;
+                    return Ok(());
+                }
+                // Not posted: the credit is not used (a failed post lost the connection, which
+                // the loop's next turn reports).
+                self.credits = saved;
+                if self.lost.is_some() {
+                    continue;
                 }
             }
             self.wait().await?;
@@ -731,19 +725,28 @@ impl LocalConnection<'_> {
     }
 
     /// Posts a control message with immediate data `imm` from a free control slot (the caller
-    /// checked there is one): its work request id, `None` when the send queue is full (or the
-    /// post failed: the connection is then lost).
+    /// checked there is one): its work request id, `None` as [`post_send`](Self::post_send).
     fn post_ctrl(&mut self, imm: u32) -> Option<u64> {
         let mut slot = self.free_ctrl.pop()?;
         let _ = slot.set_len(0);
-        match self.id.post_send_slot(self.send_mr, slot, Some(imm)) {
+        self.post_send(slot, Some(imm), Wr::Ctrl)
+    }
+
+    /// Posts `slot` (a data or control send slot, `kind`) with immediate data `imm`: its work
+    /// request id; `None` when the send queue is full (the slot goes back to its free list) or
+    /// the post failed (the connection is then lost).
+    fn post_send(&mut self, slot: Slot, imm: Option<u32>, kind: Wr) -> Option<u64> {
+        match self.id.post_send_slot(self.send_mr, slot, imm) {
             Ok(p) => {
                 let wr_id = p.wr_id();
-                self.posted.insert(wr_id, (p, Wr::Ctrl));
+                self.posted.insert(wr_id, (p, kind));
                 Some(wr_id)
             }
             Err(e) if e.is_queue_full() => {
-                self.free_ctrl.push(e.slot);
+                match kind {
+                    Wr::Ctrl => self.free_ctrl.push(e.slot),
+                    _ => self.free_data.push(e.slot),
+                }
                 None
             }
             Err(e) => {
