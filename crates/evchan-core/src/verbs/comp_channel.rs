@@ -169,9 +169,10 @@ impl<'ctx> CompChannel<'ctx> {
     ) -> Result<usize> {
         // A timeout past what `Instant` represents (e.g. `Duration::MAX`) waits forever.
         let deadline = timeout.and_then(deadline_after);
+        let mut buf = [ffi::RawWc::default(); ffi::POLL_BATCH];
         loop {
             // Steps 1-3.
-            let n = poll_arm_poll(cqs, &mut on_wc)?;
+            let n = poll_arm_poll(cqs, &mut buf, &mut on_wc)?;
             if n > 0 {
                 return Ok(n);
             }
@@ -321,7 +322,12 @@ impl AsyncWaiter<'_, '_> {
         mut on_wc: impl FnMut(usize, WorkCompletion),
     ) -> Result<usize> {
         loop {
-            let n = poll_arm_poll(cqs, &mut on_wc)?;
+            // The buffer is not kept across the await (the future stays small).
+            let n = poll_arm_poll(
+                cqs,
+                &mut [ffi::RawWc::default(); ffi::POLL_BATCH],
+                &mut on_wc,
+            )?;
             if n > 0 {
                 return Ok(n);
             }
@@ -338,16 +344,19 @@ impl AsyncWaiter<'_, '_> {
 
 /// Steps 1-3 of [`CompChannel::wait`]: polls every CQ until empty; if nothing was there, arms
 /// every CQ and polls again. How many completions were handed to `on_wc`.
-fn poll_arm_poll(cqs: &[&Cq<'_>], on_wc: &mut impl FnMut(usize, WorkCompletion)) -> Result<usize> {
-    let mut buf = [ffi::RawWc::default(); ffi::POLL_BATCH];
-    let n = drain(cqs, &mut buf, on_wc)?;
+fn poll_arm_poll(
+    cqs: &[&Cq<'_>],
+    buf: &mut [ffi::RawWc; ffi::POLL_BATCH],
+    on_wc: &mut impl FnMut(usize, WorkCompletion),
+) -> Result<usize> {
+    let n = drain(cqs, buf, on_wc)?;
     if n > 0 {
         return Ok(n);
     }
     for cq in cqs {
         cq.req_notify(false)?;
     }
-    drain(cqs, &mut buf, on_wc)
+    drain(cqs, buf, on_wc)
 }
 
 /// Polls every CQ until empty; returns how many completions were handed to `on_wc`.
