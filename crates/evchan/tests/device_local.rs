@@ -72,6 +72,15 @@ async fn echo(conn: &mut LocalConnection<'_>) -> Result<u32, Error> {
     Ok(n)
 }
 
+/// A regular `Listener` on the VM's address at `port`, and the address it is bound to.
+async fn bind(port: u16, config: Config) -> (Listener, std::net::SocketAddr) {
+    let listener = step("bind", Listener::bind(v4(port), config))
+        .await
+        .unwrap();
+    let addr = listener.local_addr();
+    (listener, addr)
+}
+
 fn configs() -> [Config; 2] {
     [
         Config::new(),
@@ -86,13 +95,7 @@ async fn local_client_regular_server() {
     require_device!();
     let before = resources(&["cm_id", "qp"]);
     for (k, config) in configs().into_iter().enumerate() {
-        let listener = step(
-            "bind",
-            Listener::bind(v4(port(1 + k as u16)), Config::new()),
-        )
-        .await
-        .unwrap();
-        let addr = listener.local_addr();
+        let (listener, addr) = bind(port(1 + k as u16), Config::new()).await;
         let server = tokio::spawn(async move {
             let mut conn = listener.accept().await?.accept(b"echo").await?;
             let mut n = 0u32;
@@ -193,13 +196,7 @@ async fn local_to_local() {
 async fn credits_hold_a_sender_back() {
     require_device!();
     let before = resources(&["cm_id", "qp"]);
-    let listener = step(
-        "bind",
-        Listener::bind(v4(port(6)), Config::new().recv_depth(4)),
-    )
-    .await
-    .unwrap();
-    let addr = listener.local_addr();
+    let (listener, addr) = bind(port(6), Config::new().recv_depth(4)).await;
     let sent = Cell::new(0u32);
     let server = async {
         let mut conn = listener.accept().await?.accept(b"").await?;
@@ -233,13 +230,7 @@ async fn credits_hold_a_sender_back() {
 async fn peer_close_and_too_large() {
     require_device!();
     let before = resources(&["cm_id", "qp"]);
-    let listener = step(
-        "bind",
-        Listener::bind(v4(port(7)), Config::new().max_message(256)),
-    )
-    .await
-    .unwrap();
-    let addr = listener.local_addr();
+    let (listener, addr) = bind(port(7), Config::new().max_message(256)).await;
     let server = tokio::spawn(async move {
         let mut conn = listener.accept().await?.accept(b"").await?;
         for i in 0..3 {
@@ -378,13 +369,7 @@ async fn send_and_recv_cancelled_lose_nothing() {
     require_device!();
     const N: u32 = 200;
     for (k, config) in configs().into_iter().enumerate() {
-        let listener = step(
-            "bind",
-            Listener::bind(v4(port(11 + k as u16)), Config::new()),
-        )
-        .await
-        .unwrap();
-        let addr = listener.local_addr();
+        let (listener, addr) = bind(port(11 + k as u16), Config::new()).await;
         let server = tokio::spawn(async move {
             let mut conn = listener.accept().await?.accept(b"").await?;
             let mut got = Vec::new();
@@ -441,13 +426,7 @@ async fn send_and_recv_cancelled_lose_nothing() {
 async fn send_cancelled_while_waiting_for_credits_sends_nothing() {
     require_device!();
     const N: u32 = 100;
-    let listener = step(
-        "bind",
-        Listener::bind(v4(port(13)), Config::new().recv_depth(2)),
-    )
-    .await
-    .unwrap();
-    let addr = listener.local_addr();
+    let (listener, addr) = bind(port(13), Config::new().recv_depth(2)).await;
     let server = tokio::spawn(async move {
         let mut conn = listener.accept().await?.accept(b"").await?;
         let mut got = Vec::new();
