@@ -138,24 +138,15 @@ fn main() -> ExitCode {
         .enable_all()
         .build()
         .unwrap_or_else(|e| fail(PROGRAM, format!("tokio: {e}")));
-    if a.local {
-        if a.in_task || a.spawn {
-            fail(
-                PROGRAM,
-                format!("--in-task and --spawn are not for --layer local\n{USAGE}"),
-            );
-        }
-        let result = match (a.serve, a.connect) {
-            (Some(addr), None) => rt.block_on(local_serve(addr, config)),
-            (None, Some(addr)) => rt.block_on(local_client(addr, config, &a)),
-            _ => fail(PROGRAM, USAGE),
-        };
-        return match result {
-            Ok(()) => ExitCode::SUCCESS,
-            Err(e) => fail(PROGRAM, e),
-        };
+    if a.local && (a.in_task || a.spawn) {
+        fail(
+            PROGRAM,
+            format!("--in-task and --spawn are not for --layer local\n{USAGE}"),
+        );
     }
     let result = match (a.serve, a.connect, a.spawn) {
+        (Some(addr), None, _) if a.local => rt.block_on(local_serve(addr, config)),
+        (None, Some(addr), _) if a.local => rt.block_on(local_client(addr, config, &a)),
         (Some(addr), None, false) => rt.block_on(serve(addr, config)),
         (None, Some(addr), false) => rt.block_on(client(addr, config, &a)),
         (Some(addr), None, true) => rt.block_on(spawned(serve(addr, config))),
