@@ -62,6 +62,10 @@
 //!   and every completion found is kept in the connection's state before they await again. A
 //!   `recv` dropped before it returns loses no message (the next `recv` returns it); a `send`
 //!   dropped before it returns sent nothing (it posts, and returns, without awaiting after).
+//!   [`LocalListener::accept`] dropped while it waits for a request loses none (the next
+//!   `accept` takes it); dropped once it took one, that connection is torn down (its peer
+//!   sees it fail) — as are [`connect`]'s and [`listen`]'s objects when their futures are
+//!   dropped, which always releases what they made.
 //! - A protocol violation or a failed work request ends the connection ([`Lost`]); every later
 //!   `send`/`recv` returns the same error. The disconnect itself is done once the closure
 //!   returns.

@@ -465,3 +465,33 @@ async fn send_cancelled_while_waiting_for_credits_sends_nothing() {
         "no send was ever cancelled: the test tested nothing"
     );
 }
+
+/// `LocalListener::accept` dropped while it waits for a request (a timeout) loses nothing: the
+/// request that comes later is taken by the next `accept`.
+#[tokio::test(flavor = "current_thread")]
+async fn accept_cancelled_while_waiting_loses_no_request() {
+    require_device!();
+    let addr = v4(port(14));
+    let r = step(
+        "listen",
+        local::listen(addr, Config::new(), async |l| {
+            let early =
+                tokio::time::timeout(Duration::from_millis(100), l.accept(b"", async |_| ())).await;
+            assert!(early.is_err(), "no request yet, yet {early:?}");
+            let client = tokio::spawn(async move {
+                let conn = Connection::connect(addr).await?;
+                conn.send(&b"after the cancel"[..]).await?;
+                conn.close().await
+            });
+            let got = l
+                .accept(b"", async |c| c.recv().await)
+                .await
+                .unwrap()
+                .unwrap();
+            assert_eq!(got.as_deref(), Some(&b"after the cancel"[..]));
+            client.await.unwrap()
+        }),
+    )
+    .await;
+    r.unwrap().unwrap();
+}
