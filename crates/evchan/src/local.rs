@@ -49,9 +49,11 @@
 //!   peer that disconnected. A peer that vanishes without a disconnect (a cut wire) is only
 //!   noticed by a send's retries: there is **no keepalive** of this side's own (the peer's
 //!   keepalives are accepted and confirmed).
-//! - A received message is **copied** out of its registered slot into a [`Bytes`] (a memcpy of
-//!   its length; 64 B is nothing, 1 MiB is not), and the slot is posted again and its credit
-//!   returned before `recv` returns.
+//! - [`LocalConnection::recv`] **copies** a received message out of its registered slot into
+//!   a new [`Bytes`] (an allocation and a memcpy of its length);
+//!   [`LocalConnection::recv_with`] lends it where it lies to a closure instead. Either way
+//!   the slot is posted again and its credit returned before the call returns, so a message
+//!   cannot be kept without a copy.
 //! - Waiting: with [`Config::busy_poll`]`(Some(window))` a wait polls the CQ, yielding to the
 //!   runtime (`tokio::task::yield_now`) every 64 empty polls, for at least `window`; then (and without
 //!   busy poll) it sleeps on the completion channel through the runtime's reactor
@@ -101,7 +103,6 @@ use crate::config::Config;
 use crate::connection::{check_private_data, MAX_ACCEPT_PRIVATE_DATA, MAX_CONNECT_PRIVATE_DATA};
 use crate::error::{Error, Lost, Result, Step};
 use crate::proto::{self, Credits, Kind, Peer};
-use crate::runtime::IntMap;
 
 /// Busy poll: empty polls between two yields to the runtime.
 const SPINS_PER_YIELD: u32 = 64;
@@ -289,13 +290,13 @@ async fn run<S: Start, R>(
     // Rebound after the objects its QP borrows, so that it goes before them.
     let mut id = id;
     id.create_qp_with(&pd, &cq, &cq, &config.qp_init())?;
-    let mut posted = IntMap::default();
-    posted.reserve(recv_slots.len() + free_data.len() + free_ctrl.len());
+    let mut posted_recv = VecDeque::with_capacity(recv_slots.len());
+    let posted_send = VecDeque::with_capacity(free_data.len() + free_ctrl.len());
     for slot in recv_slots {
         let p = id
             .post_recv_slot(&recv_mr, slot)
             .map_err(|e| Error::Verbs(e.error))?;
-        posted.insert(p.wr_id(), (p, Wr::Recv));
+        posted_recv.push_back(p);
     }
     let wire = mine.encode(private_data);
     let deadline = Instant::now() + config.connect_timeout;
@@ -324,7 +325,8 @@ async fn run<S: Start, R>(
         recv_mr: &recv_mr,
         send_mr: &send_mr,
         busy_poll: config.busy_poll,
-        posted,
+        posted_recv,
+        posted_send,
         free_data,
         free_ctrl,
         received: VecDeque::new(),
@@ -394,7 +396,10 @@ pub struct LocalConnection<'a> {
     recv_mr: &'a Mr<'a, SlotPool>,
     send_mr: &'a Mr<'a, SlotPool>,
     busy_poll: Option<Duration>,
-    posted: IntMap<u64, (PostedSlot, Wr)>,
+    /// The posted receives and sends, each in the order posted: an RC QP completes each queue's
+    /// work requests in that order, so a completion is its queue's first.
+    posted_recv: VecDeque<PostedSlot>,
+    posted_send: VecDeque<(PostedSlot, Wr)>,
     free_data: Vec<Slot>,
     free_ctrl: Vec<Slot>,
     /// Data messages received, not yet returned by `recv`.
@@ -509,8 +514,9 @@ impl LocalConnection<'_> {
         }
     }
 
-    /// The next message, copied out of its registered slot (whose receive is posted again and
-    /// whose credit goes back to the peer before this returns); `None` once the peer closed
+    /// The next message, copied out of its registered slot into a new [`Bytes`] (whose receive
+    /// is posted again and whose credit goes back to the peer before this returns): as
+    /// [`recv_with`](Self::recv_with)`(Bytes::copy_from_slice)`. `None` once the peer closed
     /// (its `FIN`; for a plain librdmacm peer, its disconnect) and every message before it was
     /// returned. Cancel-safe: dropped before it returns, it loses nothing.
     ///
@@ -519,16 +525,47 @@ impl LocalConnection<'_> {
     /// ([`Lost::Disconnected`]), broke the protocol ([`Lost::Protocol`]), a work request
     /// failed, or the device was removed.
     pub async fn recv(&mut self) -> Result<Option<Bytes>> {
+        self.recv_with(Bytes::copy_from_slice).await
+    }
+
+    /// The next message, lent to `f` where it lies, in its registered slot: no allocation and
+    /// no copy but `f`'s own. `f` runs once, on the whole message; when it returns, the slot's
+    /// receive is posted again and its credit goes back to the peer, and its result is
+    /// returned. `None` (and `f` not run) once the peer closed, as [`recv`](Self::recv).
+    /// Cancel-safe: dropped before it returns, it loses nothing (`f` runs in the call that
+    /// returns); should `f` panic, the message stays first in line for the next receive.
+    ///
+    /// ```no_run
+    /// # async fn f(conn: &mut evchan::local::LocalConnection<'_>) -> Result<(), evchan::Error> {
+    /// // An echo that reuses one buffer.
+    /// let mut buf = Vec::new();
+    /// while let Some(()) = conn
+    ///     .recv_with(|msg| {
+    ///         buf.clear();
+    ///         buf.extend_from_slice(msg);
+    ///     })
+    ///     .await?
+    /// {
+    ///     conn.send(&buf).await?;
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    /// Those of [`recv`](Self::recv).
+    pub async fn recv_with<T>(&mut self, f: impl FnOnce(&[u8]) -> T) -> Result<Option<T>> {
         loop {
-            if let Some(slot) = self.received.pop_front() {
-                let msg = Bytes::copy_from_slice(slot.as_slice());
+            if let Some(slot) = self.received.front() {
+                let out = f(slot.as_slice());
+                let slot = self.received.pop_front().expect("checked");
                 if self.repost(slot) {
                     if let Some(credits) = self.credits.as_mut() {
                         credits.consumed();
                     }
                     self.flush_ctrl();
                 }
-                return Ok(Some(msg));
+                return Ok(Some(out));
             }
             if self.credits.as_ref().is_some_and(Credits::fin_received) {
                 return Ok(None);
@@ -646,8 +683,34 @@ impl LocalConnection<'_> {
         }
     }
 
+    /// The posted work request `wc` completes, out of its queue: the queue's first (anywhere
+    /// in it all the same, should a completion ever come out of order); `None` for a
+    /// completion of none of ours.
+    fn take_posted(&mut self, wc: &WorkCompletion) -> Option<(PostedSlot, Wr)> {
+        let wr_id = wc.wr_id();
+        if self
+            .posted_send
+            .front()
+            .is_some_and(|(p, _)| p.wr_id() == wr_id)
+        {
+            return self.posted_send.pop_front();
+        }
+        if self.posted_recv.front().is_some_and(|p| p.wr_id() == wr_id) {
+            return self.posted_recv.pop_front().map(|p| (p, Wr::Recv));
+        }
+        if let Some(i) = self
+            .posted_send
+            .iter()
+            .position(|(p, _)| p.wr_id() == wr_id)
+        {
+            return self.posted_send.remove(i);
+        }
+        let i = self.posted_recv.iter().position(|p| p.wr_id() == wr_id)?;
+        self.posted_recv.remove(i).map(|p| (p, Wr::Recv))
+    }
+
     fn on_wc(&mut self, wc: &WorkCompletion) {
-        let Some((p, kind)) = self.posted.remove(&wc.wr_id()) else {
+        let Some((p, kind)) = self.take_posted(wc) else {
             return;
         };
         let Ok(slot) = p.complete(wc) else {
@@ -701,7 +764,7 @@ impl LocalConnection<'_> {
         }
         match self.id.post_recv_slot(self.recv_mr, slot) {
             Ok(p) => {
-                self.posted.insert(p.wr_id(), (p, Wr::Recv));
+                self.posted_recv.push_back(p);
                 true
             }
             Err(e) => {
@@ -743,7 +806,7 @@ impl LocalConnection<'_> {
         match self.id.post_send_slot(self.send_mr, slot, imm) {
             Ok(p) => {
                 let wr_id = p.wr_id();
-                self.posted.insert(wr_id, (p, kind));
+                self.posted_send.push_back((p, kind));
                 Some(wr_id)
             }
             Err(e) if e.is_queue_full() => {

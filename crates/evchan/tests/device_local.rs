@@ -6,6 +6,7 @@
 mod support;
 
 use std::cell::Cell;
+use std::future::Future as _;
 use std::time::Duration;
 
 use evchan::local::{self, LocalConnection};
@@ -70,6 +71,21 @@ async fn echo(conn: &mut LocalConnection<'_>) -> Result<u32, Error> {
         n += 1;
     }
     Ok(n)
+}
+
+/// `attempt` (a connect) again every 20 ms while it is rejected with reason 8 (nobody
+/// listens yet: the server side starts in the same task).
+async fn until_listening<R>(
+    mut attempt: impl AsyncFnMut() -> Result<R, Error>,
+) -> Result<R, Error> {
+    loop {
+        match attempt().await {
+            Err(Error::Rejected { reason, .. }) if reason.0 == 8 => {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            r => return r,
+        }
+    }
 }
 
 /// A regular `Listener` on the VM's address at `port`, and the address it is bound to.
@@ -137,15 +153,9 @@ async fn regular_client_local_listener() {
     });
     let client = async {
         for _ in 0..2 {
-            let mut conn = loop {
-                match Connection::connect(addr).await {
-                    Ok(c) => break c,
-                    Err(Error::Rejected { reason, .. }) if reason.0 == 8 => {
-                        tokio::time::sleep(Duration::from_millis(20)).await;
-                    }
-                    Err(e) => panic!("connect: {e}"),
-                }
-            };
+            let mut conn = until_listening(async || Connection::connect(addr).await)
+                .await
+                .unwrap_or_else(|e| panic!("connect: {e}"));
             assert_eq!(conn.peer_private_data(), b"local");
             for i in 0..300u32 {
                 let m = bytes::Bytes::from(msg(i, size(i, 300, 4096)));
@@ -171,17 +181,9 @@ async fn local_to_local() {
             assert_eq!(l.local_addr(), Some(addr));
             l.accept(b"", async |c| echo(c).await).await
         });
-        let client = async {
-            loop {
-                let r = local::connect(addr, config.clone(), b"", async |c| ping(c, 300).await);
-                match r.await {
-                    Err(Error::Rejected { reason, .. }) if reason.0 == 8 => {
-                        tokio::time::sleep(Duration::from_millis(20)).await;
-                    }
-                    r => break r,
-                }
-            }
-        };
+        let client = until_listening(async || {
+            local::connect(addr, config.clone(), b"", async |c| ping(c, 300).await).await
+        });
         let (s, c) = step("both", async { tokio::join!(server, client) }).await;
         c.unwrap().unwrap();
         assert_eq!(s.unwrap().unwrap().unwrap(), 300);
@@ -494,4 +496,72 @@ async fn accept_cancelled_while_waiting_loses_no_request() {
     )
     .await;
     r.unwrap().unwrap();
+}
+
+/// `recv_with` lends each message where it lies: a local echo server that copies every message
+/// into one reused buffer (the docs' example) and a client that checks each echo in place, in
+/// event and busy-poll mode. A closure that panics loses nothing: the client's first
+/// `recv_with` panics, and the next receive returns that same message.
+#[tokio::test(flavor = "current_thread")]
+async fn recv_with_lends_the_message_and_survives_a_panic() {
+    require_device!();
+    const N: u32 = 100;
+    let before = resources(&KINDS);
+    for (k, config) in configs().into_iter().enumerate() {
+        let addr = v4(port(15 + k as u16));
+        let server = local::listen(addr, config.clone(), async |l| {
+            l.accept(b"", async |conn| {
+                let mut buf = Vec::new();
+                let mut n = 0u32;
+                while let Some(()) = conn
+                    .recv_with(|m| {
+                        buf.clear();
+                        buf.extend_from_slice(m);
+                    })
+                    .await?
+                {
+                    conn.send(&buf).await?;
+                    n += 1;
+                }
+                Ok::<_, Error>(n)
+            })
+            .await
+        });
+        let client = until_listening(async || {
+            local::connect(addr, config.clone(), b"", async |conn| {
+                let first = msg(0, 64);
+                conn.send(&first).await?;
+                let panicked = {
+                    let mut fut = std::pin::pin!(conn.recv_with(|_| -> () {
+                        panic!("a closure of recv_with panics (expected by this test)")
+                    }));
+                    std::future::poll_fn(|cx| {
+                        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                            fut.as_mut().poll(cx)
+                        })) {
+                            Ok(std::task::Poll::Pending) => std::task::Poll::Pending,
+                            Ok(std::task::Poll::Ready(_)) => std::task::Poll::Ready(false),
+                            Err(_) => std::task::Poll::Ready(true),
+                        }
+                    })
+                    .await
+                };
+                assert!(panicked, "the closure was not run");
+                let back = conn.recv().await?.expect("the first echo, again");
+                assert_eq!(&back[..], &first[..], "the message the panic left");
+                for i in 1..N {
+                    let m = msg(i, size(i, N, conn.max_message_size()));
+                    conn.send(&m).await?;
+                    let same = conn.recv_with(|back| back == &m[..]).await?;
+                    assert_eq!(same, Some(true), "message {i}");
+                }
+                Ok::<_, Error>(())
+            })
+            .await
+        });
+        let (s, c) = step("both", async { tokio::join!(server, client) }).await;
+        c.unwrap().unwrap();
+        assert_eq!(s.unwrap().unwrap().unwrap(), N, "config {k}");
+    }
+    settle_to(&KINDS, &before, "after recv_with");
 }
