@@ -225,41 +225,65 @@ async fn client(addr: SocketAddr, config: Config, a: &Args) -> Result<(), Error>
 
 /// A connection of the async API, as the client's loop uses it.
 trait RoundTrip {
-    /// Sends `out`, then receives the next message.
-    async fn send_recv(&mut self, out: Vec<u8>) -> Result<Option<bytes::Bytes>, Error>;
+    /// What a message is sent from, made before the clock starts.
+    type Out;
+    fn prepare(msg: &[u8]) -> Self::Out;
+    /// What the echo comes as, checked (and dropped) after the clock stops.
+    type Back;
+    fn same(back: &Self::Back, msg: &[u8]) -> bool;
+    /// Sends `out` (a copy of `msg`), then receives the next message; `None` once the peer
+    /// closed.
+    async fn send_recv(&mut self, out: Self::Out, msg: &[u8]) -> Result<Option<Self::Back>, Error>;
 }
 
+/// The shard's `Connection`: the message is copied into the `Vec` it sends before the clock
+/// starts, as a user's would be; its echo comes as a `Bytes`.
 impl RoundTrip for Connection {
-    async fn send_recv(&mut self, out: Vec<u8>) -> Result<Option<bytes::Bytes>, Error> {
+    type Out = Vec<u8>;
+    fn prepare(msg: &[u8]) -> Vec<u8> {
+        bytes_of(msg)
+    }
+    type Back = bytes::Bytes;
+    fn same(back: &bytes::Bytes, msg: &[u8]) -> bool {
+        back[..] == *msg
+    }
+    async fn send_recv(&mut self, out: Vec<u8>, _: &[u8]) -> Result<Option<bytes::Bytes>, Error> {
         self.send(out).await?;
         self.recv().await
     }
 }
 
+/// `evchan::local`: the message is sent from the caller's buffer (`send` takes a slice) and
+/// its echo checked where it lies (`recv_with`), so nothing is allocated per message.
 impl RoundTrip for local::LocalConnection<'_> {
-    async fn send_recv(&mut self, out: Vec<u8>) -> Result<Option<bytes::Bytes>, Error> {
-        self.send(&out).await?;
-        self.recv().await
+    type Out = ();
+    fn prepare(_: &[u8]) {}
+    type Back = bool;
+    fn same(back: &bool, _: &[u8]) -> bool {
+        *back
+    }
+    async fn send_recv(&mut self, (): (), msg: &[u8]) -> Result<Option<bool>, Error> {
+        self.send(msg).await?;
+        self.recv_with(|back| back == msg).await
     }
 }
 
 /// `--warmup` untimed and `--iters` timed round trips of `--size` bytes on `conn` (the
-/// message's send, then the receive of its echo, checked); the timed ones in µs. The message is
-/// copied into the `Vec` it sends before the clock starts, as a user's would be.
-async fn round_trips(a: &Args, conn: &mut impl RoundTrip) -> Result<Vec<f64>, Error> {
+/// message's send, then the receive of its echo, checked); the timed ones in µs.
+async fn round_trips<C: RoundTrip>(a: &Args, conn: &mut C) -> Result<Vec<f64>, Error> {
     let mut msg = vec![0x5au8; a.size];
     let mut rtt = Vec::with_capacity(a.iters);
     for i in 0..a.warmup + a.iters {
         let seq = (i as u64).to_be_bytes();
         let k = a.size.min(seq.len());
         msg[..k].copy_from_slice(&seq[..k]);
-        let out = bytes_of(&msg);
+        let out = C::prepare(&msg);
         let t = Instant::now();
-        let Some(back) = conn.send_recv(out).await? else {
+        let Some(back) = conn.send_recv(out, &msg).await? else {
             return Err(Error::PeerClosed);
         };
         let took = t.elapsed();
-        if back[..] != msg[..] {
+        if !C::same(&back, &msg) {
             fail(PROGRAM, format!("the echo of message {i} differs"));
         }
         if i >= a.warmup {
@@ -269,12 +293,20 @@ async fn round_trips(a: &Args, conn: &mut impl RoundTrip) -> Result<Vec<f64>, Er
     Ok(rtt)
 }
 
-/// `--layer local`: echoes one connection's messages until the peer closes.
+/// `--layer local`: echoes one connection's messages until the peer closes (each received
+/// where it lies, `recv_with`, into one reused buffer, sent from there).
 async fn local_serve(addr: SocketAddr, config: Config) -> Result<(), Error> {
     local::listen(addr, config, async |l| {
         l.accept(&[], async |conn| {
-            while let Some(msg) = conn.recv().await? {
-                conn.send(&msg).await?;
+            let mut buf = Vec::new();
+            while let Some(()) = conn
+                .recv_with(|msg| {
+                    buf.clear();
+                    buf.extend_from_slice(msg);
+                })
+                .await?
+            {
+                conn.send(&buf).await?;
             }
             Ok(())
         })
