@@ -119,6 +119,10 @@ pub(super) struct Conn<'s> {
     pub(super) closing: bool,
     pub(super) close_waiters: Vec<oneshot::Sender<()>>,
     pub(super) disconnected: bool,
+    /// The peer disconnected while sends of ours were in flight: our `rdma_disconnect` (which
+    /// flushes them) waits until they complete or `ACK_GRACE` passes, so that a send whose
+    /// acknowledgement is still on its way is not reported undelivered.
+    pub(super) disconnect_deferred: bool,
     /// The end (FIN or loss) has been delivered to the receive half.
     pub(super) ended: bool,
     /// Receives that completed before `ESTABLISHED` was read (the peer may send as soon as its
@@ -136,6 +140,18 @@ pub(super) struct Conn<'s> {
 }
 
 impl Conn<'_> {
+    /// Whether data sends or the `FIN` are still in flight.
+    pub(super) fn sending(&self) -> bool {
+        self.sends_in_flight > 0 || self.fin_wr.is_some()
+    }
+
+    /// The `rdma_disconnect` a peer's disconnect deferred, now (if it was).
+    pub(super) fn end_deferral(&mut self) {
+        if std::mem::take(&mut self.disconnect_deferred) {
+            self.id.disconnect();
+        }
+    }
+
     pub(super) fn new(
         conn: super::ConnId,
         id: IdState<'_>,
@@ -165,6 +181,7 @@ impl Conn<'_> {
             closing: false,
             close_waiters: Vec::new(),
             disconnected: false,
+            disconnect_deferred: false,
             ended: false,
             early: Vec::new(),
             cq_reserved: 0,

@@ -37,6 +37,9 @@ use self::retire::refuse_removed;
 
 /// How long a closing connection may take to drain before its id is destroyed anyway.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(15);
+/// How long a peer's disconnect lets our sends in flight complete before our own disconnect
+/// flushes them (see `Conn::disconnect_deferred`).
+const ACK_GRACE: Duration = Duration::from_millis(250);
 /// How many completions one poll takes.
 const POLL_BATCH: usize = 64;
 

@@ -12,7 +12,7 @@ use evchan_core::cm::{EventKind, PortSpace};
 use evchan_core::{CmEvent, CmId};
 
 use super::setup::handshake;
-use super::{Listening, Migrated, Shard, DRAIN_TIMEOUT};
+use super::{Listening, Migrated, Shard, ACK_GRACE, DRAIN_TIMEOUT};
 use crate::cm_map::{conn_param, resolve_failed};
 use crate::config::Config;
 use crate::error::{Error, Lost, Result, Step};
@@ -314,7 +314,13 @@ impl<'s, 'c> Shard<'s, 'c> {
             return;
         };
         c.disconnected = true;
-        c.id.disconnect();
+        // The peer's disconnect can overtake the acknowledgement of a send it received (rxe
+        // completes our send when that acknowledgement is processed): our own disconnect,
+        // which flushes what is in flight, waits for those sends, at most `ACK_GRACE`.
+        c.disconnect_deferred = !removed && c.sending();
+        if !c.disconnect_deferred {
+            c.id.disconnect();
+        }
         // A peer in another retiring runtime of this process may disconnect before this
         // shard is told: the cause is still the removal.
         let lost = self.env.removal_cause(removed).or_else(|| {
@@ -341,7 +347,14 @@ impl<'s, 'c> Shard<'s, 'c> {
             });
         }
         c.phase = Phase::Draining;
-        c.deadline = Some(Instant::now() + DRAIN_TIMEOUT);
+        c.deadline = Some(
+            Instant::now()
+                + if c.disconnect_deferred {
+                    ACK_GRACE
+                } else {
+                    DRAIN_TIMEOUT
+                },
+        );
         self.try_finish(conn);
     }
 }

@@ -52,6 +52,7 @@ impl<'s, 'c> Shard<'s, 'c> {
         tracing::debug!(parent: &c.span, %why, "connection lost");
         tell_lost(c, &why);
         c.outbox.clear();
+        c.end_deferral();
         if !c.disconnected {
             c.disconnected = true;
             c.id.disconnect();
@@ -88,6 +89,12 @@ impl<'s, 'c> Shard<'s, 'c> {
                 Phase::Setup(step) => self.fail_setup(conn, Error::TimedOut(step)),
                 // Unanswered for the connect timeout: a half-open connection goes.
                 Phase::Requested => self.reject(conn, &[]),
+                // The grace of sends in flight at the peer's disconnect is over.
+                Phase::Draining if self.conns[&conn].disconnect_deferred => {
+                    let c = self.conns.get_mut(&conn).expect("present");
+                    c.end_deferral();
+                    c.deadline = Some(now + DRAIN_TIMEOUT);
+                }
                 Phase::Open | Phase::Draining => {
                     // A close that did not finish: release everything now.
                     if let Some(c) = self.remove(conn) {
