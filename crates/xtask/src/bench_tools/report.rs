@@ -115,8 +115,9 @@ impl Results {
              what an async API that posts and reaps from the connection's own task could reach, \
              also without the target; `evchan::local` is the async API's `evchan::local` on both \
              sides (`--layer local`: the connection's objects locals of the side's future in \
-             `block_on`, `send`/`recv` posting and reaping from that task, no shard), with the \
-             target; baseline: \
+             `block_on`, `send` posting from the caller's buffer and `recv_with` reaping from \
+             that task and lending each message where it lies, no shard, no allocation per \
+             message), with the target; baseline: \
              `ib_send_lat -R [-e] -s 64 -n {}`, its half-round-trip figures doubled \
              (p50 from `t_typical`, p99 from `99% percentile`). Busy-poll: \
              `Config::busy_poll({BUSY_POLL_US} µs)`. The p99 column gives ours / the tool's. \
