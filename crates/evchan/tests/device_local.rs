@@ -565,3 +565,36 @@ async fn recv_with_lends_the_message_and_survives_a_panic() {
     }
     settle_to(&KINDS, &before, "after recv_with");
 }
+
+/// `connect` and `listen` dropped while they wait leave nothing behind (the docs' cancel
+/// safety): a connect to a local listener that never accepts, cancelled by a timeout while it
+/// waits for `ESTABLISHED`, and the listener dropped with it, the request still in its backlog;
+/// then no cm_id, QP, CQ, MR or PD is left and nobody listens on the port (reason 8).
+#[tokio::test(flavor = "current_thread")]
+async fn connect_and_listen_cancelled_leave_nothing() {
+    require_device!();
+    let before = resources(&KINDS);
+    let addr = v4(port(17));
+    let listening = Cell::new(false);
+    let server = local::listen(addr, Config::new(), async |_| {
+        listening.set(true);
+        std::future::pending::<()>().await;
+    });
+    let client = tokio::time::timeout(
+        Duration::from_millis(500),
+        local::connect(addr, Config::new(), b"", async |_| ()),
+    );
+    let timed_out = tokio::select! {
+        biased;
+        _ = server => unreachable!("the listener's closure never returns"),
+        r = client => r.is_err(),
+    };
+    assert!(listening.get(), "the listener never ran its closure");
+    assert!(timed_out, "the connect did not wait for an accept");
+    settle_to(&KINDS, &before, "after the cancelled connect and listen");
+    let r = local::connect(addr, Config::new(), b"", async |_| ()).await;
+    assert!(
+        matches!(&r, Err(Error::Rejected { reason, .. }) if reason.0 == 8),
+        "a connect after the listener was dropped: {r:?}"
+    );
+}
