@@ -71,6 +71,18 @@
 //! - A protocol violation or a failed work request ends the connection ([`Lost`]); every later
 //!   `send`/`recv` returns the same error. The disconnect itself is done once the closure
 //!   returns.
+//! - Device removal: a sleeping wait of `send`/`recv` also looks every 50 ms whether the
+//!   connection's device still has its verbs device node (`/sys/class/infiniband_verbs`):
+//!   rdma_cm sends `DEVICE_REMOVAL` only once the device's verbs users let go of it, so the
+//!   node's going is the first sign. Either ends the wait with [`Lost::DeviceRemoved`]. A
+//!   waiting [`LocalListener::accept`] looks the same way at every device listed when
+//!   [`listen`] began (the removal of any of them ends it, and every later one, with that
+//!   error). Once its objects are gone, the future of [`connect`] (or of
+//!   [`listen`], for the listener and its connections) lists librdmacm's devices until the
+//!   removed one is gone from the list, at most 20 s, before it returns: librdmacm closes its
+//!   own context of a removed device only then, and a device that cannot disassociate user
+//!   contexts (soft-RoCE) is only unregistered once it is closed. A removal during the
+//!   connection's setup is an error of the setup, without that wait.
 //! - Close: when the closure returns, the connection sends its `FIN` after everything it sent
 //!   and waits for its completion (for a plain librdmacm peer, for every send's), then
 //!   disconnects and waits for `DISCONNECTED`; each wait at most 15 s and 2 s. Then every
@@ -94,7 +106,8 @@ use evchan_core::cm::state::{
 };
 use evchan_core::cm::{ConnParam, EventKind, PortSpace};
 use evchan_core::verbs::{
-    AsyncWaiter, CompChannel, Cq, Mr, Pd, PostedSlot, Slot, SlotPool, WcStatus, WorkCompletion,
+    AsyncWaiter, CompChannel, Context, Cq, Mr, Pd, PostedSlot, Slot, SlotPool, WcStatus,
+    WorkCompletion,
 };
 use evchan_core::{CmEvent, CmId, EventChannel, Readable};
 
@@ -103,6 +116,7 @@ use crate::config::Config;
 use crate::connection::{check_private_data, MAX_ACCEPT_PRIVATE_DATA, MAX_CONNECT_PRIVATE_DATA};
 use crate::error::{Error, Lost, Result, Step};
 use crate::proto::{self, Credits, Kind, Peer};
+use crate::runtime::removal;
 
 /// Busy poll: empty polls between two yields to the runtime.
 const SPINS_PER_YIELD: u32 = 64;
@@ -149,7 +163,13 @@ pub async fn connect<R>(
     let ev = next_step(&ch, &cm, deadline, Step::Route, EventKind::RouteResolved).await?;
     let id = id.route_resolved(&ev).map_err(|e| Error::from(e.error))?;
     drop(ev);
-    run(&ch, &cm, id, &config, private_data, None, f).await
+    let (out, removed) = run(&ch, &cm, id, &config, private_data, None, f).await?;
+    drop(cm);
+    drop(ch);
+    if let Some(device) = removed {
+        let_go(&[device]).await;
+    }
+    Ok(out)
 }
 
 /// Listens on `addr` (port 0: any free port, see [`LocalListener::local_addr`]) and runs `f`
@@ -173,13 +193,34 @@ pub async fn listen<R>(
         .map_err(|e| Error::from(e.error))?
         .listen(backlog)
         .map_err(|e| Error::from(e.error))?;
+    // A listening id has no device of its own to name: a waiting accept watches every device
+    // listed now.
+    let listed = Context::rdma_cm_devices()
+        .map(|l| l.iter().map(Context::name).collect())
+        .unwrap_or_default();
     let mut listener = LocalListener {
         ch: &ch,
         cm: &cm,
         id: &id,
         config,
+        listed,
+        device: None,
+        removed: false,
     };
-    Ok(f(&mut listener).await)
+    let out = f(&mut listener).await;
+    let (listed, device, removed) = (
+        std::mem::take(&mut listener.listed),
+        listener.device.take(),
+        listener.removed,
+    );
+    drop(listener);
+    drop(id);
+    drop(cm);
+    drop(ch);
+    if removed {
+        let_go(&device.map_or(listed, |d| vec![d])).await;
+    }
+    Ok(out)
 }
 
 /// A listening id of [`listen`], lent to its closure.
@@ -189,6 +230,12 @@ pub struct LocalListener<'a> {
     cm: &'a Readable<'a>,
     id: &'a CmId<'a, Listening>,
     config: Config,
+    /// The devices listed when it began to listen (watched while `accept` waits).
+    listed: Vec<String>,
+    /// The device of the listener's connections, once one of them saw it removed.
+    device: Option<String>,
+    /// A `DEVICE_REMOVAL` came, to the listener or to one of its connections.
+    removed: bool,
 }
 
 impl LocalListener<'_> {
@@ -218,9 +265,25 @@ impl LocalListener<'_> {
     ) -> Result<R> {
         check_private_data(private_data, MAX_ACCEPT_PRIVATE_DATA)?;
         loop {
-            let mut ev = next_event(self.ch, self.cm, None).await?;
-            if ev.kind() != EventKind::ConnectRequest {
+            if self.removed {
+                return Err(Error::ConnectionLost(Lost::DeviceRemoved));
+            }
+            let next = tokio::select! {
+                ev = next_event(self.ch, self.cm, None) => Some(ev?),
+                () = tokio::time::sleep(removal::WATCH_INTERVAL) => None,
+            };
+            let Some(mut ev) = next else {
+                // rdma_cm tells a removal only once the device's verbs users let go of it.
+                self.removed = removal::node_gone(&self.listed).is_some();
                 continue;
+            };
+            match ev.kind() {
+                EventKind::ConnectRequest => {}
+                EventKind::DeviceRemoval => {
+                    self.removed = true;
+                    continue;
+                }
+                _ => continue,
             }
             let Some(req) = ev.take_request() else {
                 continue;
@@ -239,7 +302,13 @@ impl LocalListener<'_> {
             let ch = EventChannel::new()?;
             let cm = ch.readable()?;
             let id = req.migrate(&ch).map_err(|e| Error::from(e.error))?;
-            return run(&ch, &cm, id, &self.config, private_data, Some(peer), g).await;
+            let (out, removed) =
+                run(&ch, &cm, id, &self.config, private_data, Some(peer), g).await?;
+            if let Some(device) = removed {
+                self.removed = true;
+                self.device.get_or_insert(device);
+            }
+            return Ok(out);
         }
     }
 }
@@ -262,7 +331,8 @@ impl Start for Requested {
 }
 
 /// Makes the connection's verbs objects as locals, its QP, posts its receives, connects or
-/// accepts, waits for `ESTABLISHED`, runs `f` and closes. `request` is the peer's handshake
+/// accepts, waits for `ESTABLISHED`, runs `f` and closes: `f`'s result, and the device's name
+/// when the connection saw it removed (`DEVICE_REMOVAL`). `request` is the peer's handshake
 /// from its `CONNECT_REQUEST` (accepting side); the connecting side reads it from
 /// `ESTABLISHED`.
 async fn run<S: Start, R>(
@@ -273,7 +343,7 @@ async fn run<S: Start, R>(
     private_data: &[u8],
     request: Option<Peer>,
     f: impl AsyncFnOnce(&mut LocalConnection<'_>) -> R,
-) -> Result<R> {
+) -> Result<(R, Option<String>)> {
     let ctx = id.context()?;
     let pd = Pd::new(&ctx)?;
     let comp = CompChannel::new(&ctx)?;
@@ -339,10 +409,20 @@ async fn run<S: Start, R>(
         disconnected: false,
         lost: None,
         wcs: Vec::new(),
+        device: ctx.name(),
+        watch: Box::pin(tokio::time::sleep(removal::WATCH_INTERVAL)),
     };
     let out = f(&mut conn).await;
-    conn.close().await;
-    Ok(out)
+    let device = conn.device.clone();
+    let removed = conn.close().await.then_some(device);
+    Ok((out, removed))
+}
+
+/// What ended a sleeping wait.
+enum Woke<C, G> {
+    Comp(C),
+    Cm(G),
+    Watch,
 }
 
 /// What a posted work request is.
@@ -415,6 +495,10 @@ pub struct LocalConnection<'a> {
     disconnected: bool,
     lost: Option<Lost>,
     wcs: Vec<WorkCompletion>,
+    /// The connection's device, and the timer of the look at its verbs node while a wait
+    /// sleeps: rdma_cm tells a removal only once the device's verbs users let go of it.
+    device: String,
+    watch: std::pin::Pin<Box<tokio::time::Sleep>>,
 }
 
 impl std::fmt::Debug for LocalConnection<'_> {
@@ -620,23 +704,33 @@ impl LocalConnection<'_> {
         let (waiter, cm, cqs) = (self.waiter, self.cm, [self.cq]);
         let woke = {
             let comp = waiter.wait(&cqs, |_, wc| wcs.push(wc));
+            let watch = &mut self.watch;
             tokio::select! {
                 biased;
-                r = comp => Ok(r),
-                g = cm.ready() => Err(g),
+                r = comp => Woke::Comp(r),
+                g = cm.ready() => Woke::Cm(g),
+                () = watch => Woke::Watch,
             }
         };
         match woke {
-            Ok(n) => {
+            Woke::Comp(n) => {
                 n?;
                 for wc in wcs.drain(..) {
                     self.on_wc(&wc);
                 }
             }
-            Err(guard) => {
+            Woke::Cm(guard) => {
                 let mut guard = guard?;
                 self.read_cm_events()?;
                 guard.clear_ready();
+            }
+            Woke::Watch => {
+                let next = tokio::time::Instant::now() + removal::WATCH_INTERVAL;
+                self.watch.as_mut().reset(next);
+                if removal::node_gone(std::slice::from_ref(&self.device)).is_some() {
+                    self.disconnected = true;
+                    self.lose(Lost::DeviceRemoved);
+                }
             }
         }
         self.wcs = wcs;
@@ -665,7 +759,13 @@ impl LocalConnection<'_> {
     fn read_cm_events(&mut self) -> Result<()> {
         while let Some(ev) = self.ch.try_get_event()? {
             match ev.kind() {
-                EventKind::Disconnected => self.disconnected = true,
+                EventKind::Disconnected => {
+                    self.disconnected = true;
+                    // A peer that saw the device go first (one of this process, say).
+                    if removal::node_gone(std::slice::from_ref(&self.device)).is_some() {
+                        self.lose(Lost::DeviceRemoved);
+                    }
+                }
                 EventKind::DeviceRemoval => {
                     self.disconnected = true;
                     self.lose(Lost::DeviceRemoved);
@@ -853,23 +953,27 @@ impl LocalConnection<'_> {
     }
 
     /// The close: `FIN`, disconnect, `DISCONNECTED`, each bounded; then everything goes.
-    async fn close(mut self) {
+    /// Whether the device was removed (a `DEVICE_REMOVAL` came).
+    async fn close(mut self) -> bool {
         match tokio::time::timeout(FIN_TIMEOUT, self.finish()).await {
             Ok(Ok(())) => {}
             Ok(Err(e)) => tracing::debug!("local connection's close: {e}"),
             Err(_) => tracing::debug!("local connection's close: no FIN completion in 15 s"),
         }
         let (ch, cm, disconnected) = (self.ch, self.cm, self.disconnected);
+        let mut removed = self.lost == Some(Lost::DeviceRemoved);
         match self.id.disconnect() {
             Ok(id) => {
                 if !disconnected {
                     let deadline = Instant::now() + DISCONNECT_TIMEOUT;
                     while let Ok(ev) = next_event(ch, cm, Some(deadline)).await {
-                        if matches!(
-                            ev.kind(),
-                            EventKind::Disconnected | EventKind::DeviceRemoval
-                        ) {
-                            break;
+                        match ev.kind() {
+                            EventKind::Disconnected => break,
+                            EventKind::DeviceRemoval => {
+                                removed = true;
+                                break;
+                            }
+                            _ => {}
                         }
                     }
                 }
@@ -877,6 +981,17 @@ impl LocalConnection<'_> {
             }
             Err(e) => tracing::debug!("rdma_disconnect: {}", e.error),
         }
+        removed
+    }
+}
+
+/// After a device removal, once everything of it here is dropped: lets librdmacm close its
+/// context of the device, one of `removed` (the runtime's step 3 of a removal, `runtime::removal`), without
+/// which soft-RoCE's `rdma link delete` waits for the process; at most 20 s.
+async fn let_go(removed: &[String]) {
+    let start = Instant::now();
+    while !removal::sweep(removed, start) {
+        tokio::time::sleep(removal::SWEEP_PAUSE).await;
     }
 }
 

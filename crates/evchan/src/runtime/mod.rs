@@ -16,7 +16,7 @@
 
 mod conn;
 mod half_open;
-mod removal;
+pub(crate) mod removal;
 mod shard;
 
 use std::net::SocketAddr;

@@ -148,35 +148,46 @@ pub(super) fn let_go(removal: &Removal) {
             names.clone()
         }
     };
-    loop {
-        let listed: Vec<String> = match Context::rdma_cm_devices() {
-            Ok(list) => list.iter().map(Context::name).collect(),
-            Err(e) => {
-                tracing::warn!(
-                    "evchan: no RDMA device left ({e}); librdmacm keeps the removed device's \
-                     context open until the process exits"
-                );
-                break;
-            }
-        };
-        if removed.iter().any(|n| !listed.contains(n)) {
-            tracing::debug!(?removed, elapsed = ?start.elapsed(), "librdmacm let go of the device");
-            break;
-        }
-        if start.elapsed() > SWEEP_LIMIT {
-            tracing::warn!(
-                ?removed,
-                "evchan: the removed device is still listed after {SWEEP_LIMIT:?}"
-            );
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(20));
+    while !sweep(&removed, start) {
+        std::thread::sleep(SWEEP_PAUSE);
     }
     RETIRING.fetch_sub(1, Ordering::AcqRel);
 }
 
+/// The pause between two looks at librdmacm's device list in a sweep.
+pub(crate) const SWEEP_PAUSE: Duration = Duration::from_millis(20);
+
+/// One look at librdmacm's device list, which makes librdmacm close its context of a device
+/// gone from the verbs device list when nothing of it is held: whether the sweep that began at
+/// `start` is over (one of `removed` no longer listed; no device left at all, when librdmacm
+/// keeps the context until the process exits; or [`SWEEP_LIMIT`] passed), each said in the log.
+pub(crate) fn sweep(removed: &[String], start: Instant) -> bool {
+    let listed: Vec<String> = match Context::rdma_cm_devices() {
+        Ok(list) => list.iter().map(Context::name).collect(),
+        Err(e) => {
+            tracing::warn!(
+                "evchan: no RDMA device left ({e}); librdmacm keeps the removed device's \
+                 context open until the process exits"
+            );
+            return true;
+        }
+    };
+    if removed.iter().any(|n| !listed.contains(n)) {
+        tracing::debug!(?removed, elapsed = ?start.elapsed(), "librdmacm let go of the device");
+        return true;
+    }
+    if start.elapsed() > SWEEP_LIMIT {
+        tracing::warn!(
+            ?removed,
+            "evchan: the removed device is still listed after {SWEEP_LIMIT:?}"
+        );
+        return true;
+    }
+    false
+}
+
 /// How often the runtime thread looks for a device that lost its verbs device node.
-pub(super) const WATCH_INTERVAL: Duration = Duration::from_millis(50);
+pub(crate) const WATCH_INTERVAL: Duration = Duration::from_millis(50);
 
 /// The runtime thread's watch while its shards run: a device of `opened` whose verbs device
 /// node (`/sys/class/infiniband_verbs/uverbsN`) is gone is being removed, and the runtime
@@ -237,7 +248,7 @@ pub(super) async fn watch_in_task(runtime: std::sync::Weak<Runtime>, opened: Vec
 
 /// One look of the watches: the first device of `opened` whose verbs device node is gone;
 /// `None` when all are there or sysfs cannot be read.
-fn node_gone(opened: &[String]) -> Option<&str> {
+pub(crate) fn node_gone(opened: &[String]) -> Option<&str> {
     let present = verbs_devices()?;
     let gone = opened.iter().find(|n| !present.contains(n))?;
     tracing::debug!(device = %gone, "the device's verbs node is gone");
