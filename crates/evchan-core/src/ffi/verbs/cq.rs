@@ -81,6 +81,7 @@ impl<'ctx> CompChannel<'ctx> {
 
     /// `ibv_get_cq_event` on the non-blocking fd: `Ok(None)` on `EAGAIN` (see the type's
     /// docs).
+    #[inline]
     pub(crate) fn get_cq_event(&self) -> io::Result<Option<CqEventAck>> {
         let mut cq: *mut sys::ibv_cq = ptr::null_mut();
         let mut cq_context: *mut c_void = ptr::null_mut();
@@ -208,6 +209,7 @@ impl<'ch> Cq<'ch> {
     }
 
     /// `ibv_req_notify_cq`.
+    #[inline]
     pub(crate) fn req_notify(&self, solicited_only: bool) -> io::Result<()> {
         // SAFETY: live CQ.
         let ret = unsafe { sys::ibv_req_notify_cq(self.ptr.as_ptr(), c_int::from(solicited_only)) };
@@ -279,11 +281,13 @@ impl<'ch> Cq<'ch> {
     }
 
     /// A guard now holds one unacked event of this CQ (it borrows the CQ).
+    #[inline]
     pub(crate) fn hold(&self) {
         self.held.fetch_add(1, Ordering::AcqRel);
     }
 
     /// The guard has acked or deferred its event ([`CqEventAck::defer`] on this CQ).
+    #[inline]
     pub(crate) fn release(&self) {
         self.held.fetch_sub(1, Ordering::AcqRel);
     }
@@ -346,6 +350,7 @@ impl CqEventAck {
 
     /// Adds this event to `cq`'s pending acks (flushing at [`ACK_BATCH`]), or, when `cq` is not
     /// the event's CQ, gives the event back.
+    #[inline]
     pub(crate) fn defer(self, cq: &Cq<'_>) -> Result<(), Self> {
         if cq.ptr != self.cq {
             return Err(self);
