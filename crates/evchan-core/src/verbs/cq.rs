@@ -290,10 +290,9 @@ impl Drop for CqEvent<'_> {
     #[inline]
     fn drop(&mut self) {
         if let Some(ack) = self.ack.take() {
-            // `defer` gives the event back only for a different CQ, and `new` pairs the event
-            // with the CQ whose token it carries; dropping it then acks it at once.
-            let _ = ack.defer(&self.cq.raw);
-            self.cq.raw.release();
+            // `new` paired the event with the CQ whose token it carries and held it there; a
+            // different CQ would ack it at once.
+            ack.defer_held(&self.cq.raw);
         }
     }
 }
