@@ -139,8 +139,7 @@ impl EventChannel {
     fn read(&self) -> Result<Option<Event<'_>>> {
         match sysfd::retry_eintr(|| self.raw.get_event()) {
             Ok(raw) => Ok(Some(Event::new(raw))),
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(None),
-            Err(e) => Err(Error::os("rdma_get_cm_event", e)),
+            Err(e) => read_error(e),
         }
     }
 
@@ -207,6 +206,17 @@ impl EventChannel {
                 return Ok(None);
             }
         }
+    }
+}
+
+/// [`EventChannel::read`]'s error: `Ok(None)` for `EAGAIN` (no event queued), else the error.
+/// Out of line, so that the read of an event stays small enough to inline.
+#[inline(never)]
+fn read_error<'ch>(e: io::Error) -> Result<Option<Event<'ch>>> {
+    if e.kind() == io::ErrorKind::WouldBlock {
+        Ok(None)
+    } else {
+        Err(Error::os("rdma_get_cm_event", e))
     }
 }
 

@@ -223,6 +223,7 @@ fn millis_until(deadline: Instant) -> libc::c_int {
 ///
 /// # Errors
 /// Whatever `f` returns, except `EINTR`.
+#[inline]
 pub fn retry_eintr<T>(mut f: impl FnMut() -> io::Result<T>) -> io::Result<T> {
     loop {
         match f() {

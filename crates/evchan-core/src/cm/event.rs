@@ -136,6 +136,7 @@ impl GlobalRoute {
 }
 
 impl<'ch> Event<'ch> {
+    #[inline]
     pub(crate) fn new(raw: RawEvent<'ch>) -> Self {
         Self { raw }
     }

@@ -82,6 +82,7 @@ impl<'ctx> CompChannel<'ctx> {
     /// [`Error::UnlistedCq`] when the event is for a CQ that is not in `cqs` (the event is then
     /// acked already); [`Error::Io`] with the `ibv_get_cq_event` error.
     #[doc(alias = "ibv_get_cq_event")]
+    #[inline]
     pub fn try_get_cq_event<'cq>(&self, cqs: &[&'cq Cq<'_>]) -> Result<Option<CqEvent<'cq>>> {
         let Some(ack) = self
             .raw
@@ -106,6 +107,7 @@ impl<'ctx> CompChannel<'ctx> {
     /// # Errors
     /// As [`try_get_cq_event`](Self::try_get_cq_event), plus [`Error::Io`] from `poll`.
     #[doc(alias = "ibv_get_cq_event")]
+    #[inline]
     pub fn get_cq_event<'cq>(&self, cqs: &[&'cq Cq<'_>]) -> Result<CqEvent<'cq>> {
         loop {
             if let Some(ev) = self.try_get_cq_event(cqs)? {

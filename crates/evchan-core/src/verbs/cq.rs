@@ -119,6 +119,7 @@ impl<'ch> Cq<'ch> {
     /// # Errors
     /// [`Error::Io`] with the `ibv_req_notify_cq` error.
     #[doc(alias = "ibv_req_notify_cq")]
+    #[inline]
     pub fn req_notify(&self, solicited_only: bool) -> Result<()> {
         self.raw
             .req_notify(solicited_only)
@@ -254,6 +255,7 @@ pub struct CqEvent<'cq> {
 }
 
 impl<'cq> CqEvent<'cq> {
+    #[inline]
     pub(super) fn new(cq: &'cq Cq<'_>, index: usize, ack: ffi::CqEventAck) -> Self {
         // Counted as held until the drop, so that the CQ acks it itself should this guard be
         // leaked (`mem::forget`): `ibv_destroy_cq` would otherwise wait for that ack forever.
@@ -280,16 +282,17 @@ impl<'cq> CqEvent<'cq> {
 
     /// Acks the event (counted into the CQ's batch; see [`ACK_BATCH`]).
     #[doc(alias = "ibv_ack_cq_events")]
+    #[inline]
     pub fn ack(self) {}
 }
 
 impl Drop for CqEvent<'_> {
+    #[inline]
     fn drop(&mut self) {
         if let Some(ack) = self.ack.take() {
-            // `defer` gives the event back only for a different CQ, and `new` pairs the event
-            // with the CQ whose token it carries; dropping it then acks it at once.
-            let _ = ack.defer(&self.cq.raw);
-            self.cq.raw.release();
+            // `new` paired the event with the CQ whose token it carries and held it there; a
+            // different CQ would ack it at once.
+            ack.defer_held(&self.cq.raw);
         }
     }
 }

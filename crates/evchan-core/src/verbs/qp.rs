@@ -429,6 +429,7 @@ pub(super) fn post_send_on<'pd, B: MrBuffer + 'static>(
 
 /// The safe owned-buffer receive behind [`Qp::post_recv`] and
 /// [`CmId::post_recv`](crate::CmId::post_recv); `qp` as for [`post_send_on`].
+#[inline]
 pub(super) fn post_recv_on<'pd, B: MrBuffer + 'static>(
     qp: Option<ffi::QpPtr<'_>>,
     mr: Mr<'pd, B>,

@@ -210,6 +210,7 @@ unsafe fn context_of<'a>(id: *mut sys::rdma_cm_id) -> &'a AtomicPtr<c_void> {
 /// `id` is NULL or a live C id that was returned in an event read just now and not yet acked,
 /// by a reader holding its channel's gate; its `context` is NULL or points to a live
 /// `IdInner` owned by an `Arc` (the module protocol).
+#[inline]
 pub(super) unsafe fn record_of(id: *mut sys::rdma_cm_id) -> Option<Arc<IdInner>> {
     if id.is_null() {
         return None;

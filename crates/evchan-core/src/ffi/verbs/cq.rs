@@ -5,7 +5,7 @@ use std::marker::PhantomData;
 use std::mem::MaybeUninit;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::ptr::{self, NonNull};
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use evchan_sys as sys;
 use libc::{c_int, c_void};
@@ -81,6 +81,7 @@ impl<'ctx> CompChannel<'ctx> {
 
     /// `ibv_get_cq_event` on the non-blocking fd: `Ok(None)` on `EAGAIN` (see the type's
     /// docs).
+    #[inline]
     pub(crate) fn get_cq_event(&self) -> io::Result<Option<CqEventAck>> {
         let mut cq: *mut sys::ibv_cq = ptr::null_mut();
         let mut cq_context: *mut c_void = ptr::null_mut();
@@ -133,14 +134,22 @@ static NEXT_CQ_TOKEN: AtomicU64 = AtomicU64::new(1);
 pub(crate) struct Cq<'ch> {
     pub(in crate::ffi) ptr: NonNull<sys::ibv_cq>,
     token: u64,
-    pending_acks: AtomicU32,
-    /// Events of this CQ held, unacked, by guards (the public `CqEvent`, which borrows the
-    /// `Cq`): raised by [`Cq::hold`], lowered by [`Cq::release`] once the guard has acked or
-    /// deferred its event. Whatever is left when the CQ goes belongs to guards leaked with
-    /// `mem::forget`, whose acks are then made for them (see [`Cq::ack_everything`]).
-    held: AtomicU32,
+    /// Two counts in one atomic, so that a guard's ack moves its event from one to the other
+    /// in one step ([`CqEventAck::defer_held`]):
+    /// - the low 32 bits ([`PENDING`]): events read and deferred, acked at the next flush;
+    /// - the high 32 bits (units of [`HELD`]): events of this CQ held, unacked, by guards (the
+    ///   public `CqEvent`, which borrows the `Cq`): raised by [`Cq::hold`], lowered once the
+    ///   guard has acked or deferred its event. Whatever is left when the CQ goes belongs to
+    ///   guards leaked with `mem::forget`, whose acks are then made for them (see
+    ///   [`Cq::ack_everything`]).
+    acks: AtomicU64,
     _ch: PhantomData<&'ch CompChannel<'ch>>,
 }
+
+/// The pending acks' bits of [`Cq::acks`] (and one pending ack: 1).
+const PENDING: u64 = (1 << 32) - 1;
+/// One held event in [`Cq::acks`].
+const HELD: u64 = 1 << 32;
 
 // SAFETY: CQs are thread-safe libibverbs objects (providers lock poll/arm); the ack count is
 // atomic.
@@ -192,8 +201,7 @@ impl<'ch> Cq<'ch> {
         Ok(Cq {
             ptr: NonNull::new(cq).ok_or_else(null_err)?,
             token,
-            pending_acks: AtomicU32::new(0),
-            held: AtomicU32::new(0),
+            acks: AtomicU64::new(0),
             _ch: PhantomData,
         })
     }
@@ -208,6 +216,7 @@ impl<'ch> Cq<'ch> {
     }
 
     /// `ibv_req_notify_cq`.
+    #[inline]
     pub(crate) fn req_notify(&self, solicited_only: bool) -> io::Result<()> {
         // SAFETY: live CQ.
         let ret = unsafe { sys::ibv_req_notify_cq(self.ptr.as_ptr(), c_int::from(solicited_only)) };
@@ -265,40 +274,50 @@ impl<'ch> Cq<'ch> {
         }
     }
 
-    /// Acks every deferred event now (`ibv_ack_cq_events` with the count).
+    /// Acks every deferred event now (`ibv_ack_cq_events` with the count); the held count is
+    /// left as it is.
     pub(crate) fn flush_acks(&self) {
-        let n = self.pending_acks.swap(0, Ordering::AcqRel);
-        if n > 0 {
-            // SAFETY: live CQ; `n` events were read for it and not yet acked.
-            unsafe { sys::ibv_ack_cq_events(self.ptr.as_ptr(), n) };
+        let n = self.acks.fetch_and(!PENDING, Ordering::AcqRel) & PENDING;
+        self.ack_n(n);
+    }
+
+    /// `ibv_ack_cq_events` of `n` events read for this CQ and not acked (and taken out of
+    /// [`Self::acks`] by the caller), in calls of at most `u32::MAX`.
+    fn ack_n(&self, mut n: u64) {
+        while n > 0 {
+            let now = u32::try_from(n).unwrap_or(u32::MAX);
+            // SAFETY: live CQ; `now <= n` events were read for it and not yet acked.
+            unsafe { sys::ibv_ack_cq_events(self.ptr.as_ptr(), now) };
+            n -= u64::from(now);
         }
     }
 
     pub(crate) fn pending_acks(&self) -> u32 {
-        self.pending_acks.load(Ordering::Acquire)
+        // The low 32 bits: the mask makes the conversion exact.
+        (self.acks.load(Ordering::Acquire) & PENDING) as u32
     }
 
     /// A guard now holds one unacked event of this CQ (it borrows the CQ).
+    #[inline]
     pub(crate) fn hold(&self) {
-        self.held.fetch_add(1, Ordering::AcqRel);
+        self.acks.fetch_add(HELD, Ordering::AcqRel);
     }
 
-    /// The guard has acked or deferred its event ([`CqEventAck::defer`] on this CQ).
-    pub(crate) fn release(&self) {
-        self.held.fetch_sub(1, Ordering::AcqRel);
+    /// The guard has given its event back unacked to the CQ's count: acked at once instead
+    /// (the `CqEventAck`'s drop), the hold is released ([`CqEventAck::defer_held`]'s other
+    /// path).
+    fn release(&self) {
+        self.acks.fetch_sub(HELD, Ordering::AcqRel);
     }
 
     /// Before `ibv_destroy_cq`, which waits until every event read for the CQ is acked: acks
     /// the deferred events and those of guards that were leaked (`mem::forget` is safe, and a
     /// forgotten guard never acks). Guards borrow the CQ, so when it goes none is alive and the
-    /// `held` count is exactly the events of leaked ones — never one acked already, which
+    /// held count is exactly the events of leaked ones — never one acked already, which
     /// would make the destroy wait forever just the same (it waits for equality).
     fn ack_everything(&self) {
-        let leaked = self.held.swap(0, Ordering::AcqRel);
-        if leaked > 0 {
-            self.pending_acks.fetch_add(leaked, Ordering::AcqRel);
-        }
-        self.flush_acks();
+        let all = self.acks.swap(0, Ordering::AcqRel);
+        self.ack_n((all & PENDING) + (all >> 32));
     }
 }
 
@@ -315,7 +334,7 @@ impl Cq<'_> {
 
 impl Drop for Cq<'_> {
     fn drop(&mut self) {
-        // Every event read for this CQ is either deferred into `pending_acks` (flushed here) or
+        // Every event read for this CQ is either counted pending in `acks` (flushed here) or
         // still held by a CqEventAck, which acks on drop without needing this handle. The public
         // guard borrows the Cq, so in safe code none is alive now, and the events of guards
         // leaked with `mem::forget` are acked for them: ibv_destroy_cq cannot wait.
@@ -346,15 +365,36 @@ impl CqEventAck {
 
     /// Adds this event to `cq`'s pending acks (flushing at [`ACK_BATCH`]), or, when `cq` is not
     /// the event's CQ, gives the event back.
+    #[inline]
     pub(crate) fn defer(self, cq: &Cq<'_>) -> Result<(), Self> {
         if cq.ptr != self.cq {
             return Err(self);
         }
         std::mem::forget(self);
-        if cq.pending_acks.fetch_add(1, Ordering::AcqRel) + 1 >= ACK_BATCH {
+        if cq.acks.fetch_add(1, Ordering::AcqRel) & PENDING >= u64::from(ACK_BATCH) - 1 {
             cq.flush_acks();
         }
         Ok(())
+    }
+
+    /// [`defer`](Self::defer) of an event that a guard held ([`Cq::hold`] on `cq`): one
+    /// atomic step counts its ack as pending and releases the hold (flushing at
+    /// [`ACK_BATCH`]). When `cq` is not the event's CQ, the event is acked at once and the
+    /// hold released.
+    #[inline]
+    pub(crate) fn defer_held(self, cq: &Cq<'_>) {
+        if cq.ptr != self.cq {
+            drop(self); // acks it
+            cq.release();
+            return;
+        }
+        std::mem::forget(self);
+        // +1 pending, -1 held: the held count is at least this event's, so nothing borrows
+        // across the two halves.
+        let before = cq.acks.fetch_add(1u64.wrapping_sub(HELD), Ordering::AcqRel);
+        if before & PENDING >= u64::from(ACK_BATCH) - 1 {
+            cq.flush_acks();
+        }
     }
 }
 

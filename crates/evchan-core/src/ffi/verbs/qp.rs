@@ -292,18 +292,39 @@ impl QpPtr<'_> {
         imm: Option<u32>,
         flags: SendFlags,
     ) -> io::Result<()> {
+        let (mut sg, num_sge) = c_sg_list(sges)?;
+        // SAFETY: `sg` holds `num_sge` elements and outlives the call; the memory they name is
+        // the caller's contract.
+        unsafe { self.post_send_c(wr_id, sg.as_mut_ptr(), num_sge, imm, flags) }
+    }
+
+    /// [`post_send`](Self::post_send) of a C scatter/gather list: what the slice form and the
+    /// owned posts (one element, no [`SgList`]) share.
+    ///
+    /// # Safety
+    ///
+    /// `sg_list` points to `num_sge` initialised elements that live until the call returns,
+    /// and each of them meets [`post_send`](Self::post_send)'s contract.
+    #[inline]
+    unsafe fn post_send_c(
+        &self,
+        wr_id: u64,
+        sg_list: *mut sys::ibv_sge,
+        num_sge: c_int,
+        imm: Option<u32>,
+        flags: SendFlags,
+    ) -> io::Result<()> {
         if self.qp_type() == sys::ibv_qp_type::IBV_QPT_UD {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
                 "sends on a UD QP need an address handle, which evchan does not support yet",
             ));
         }
-        let (mut sg, num_sge) = c_sg_list(sges)?;
         // SAFETY: ibv_send_wr is plain data (integers, raw pointers, unions of those); all-zero
         // is valid (NULL next, no remote address).
         let mut wr: sys::ibv_send_wr = unsafe { MaybeUninit::zeroed().assume_init() };
         wr.wr_id = wr_id;
-        wr.sg_list = sg.as_mut_ptr();
+        wr.sg_list = sg_list;
         wr.num_sge = num_sge;
         let mut bits = 0;
         if flags.signaled {
@@ -321,8 +342,8 @@ impl QpPtr<'_> {
             None => wr.opcode = sys::ibv_wr_opcode::IBV_WR_SEND,
         }
         let mut bad: *mut sys::ibv_send_wr = ptr::null_mut();
-        // SAFETY: live QP; `wr` and `sg` outlive the call (the provider copies them); the memory
-        // they name is the caller's contract.
+        // SAFETY: live QP; `wr` and the list it points to outlive the call (the provider copies
+        // them); the memory they name is the caller's contract.
         let ret = unsafe { sys::ibv_post_send(self.ptr.as_ptr(), &mut wr, &mut bad) };
         sys::cvt_errno(ret)
     }
@@ -335,16 +356,37 @@ impl QpPtr<'_> {
     /// with this QP's PD, and that memory must stay allocated, registered and unaccessed by
     /// anyone else until the work request's completion has been polled (or the QP is destroyed):
     /// the device writes into it.
+    #[inline]
     pub(crate) unsafe fn post_recv(&self, wr_id: u64, sges: &[Sge]) -> io::Result<()> {
         let (mut sg, num_sge) = c_sg_list(sges)?;
+        // SAFETY: `sg` holds `num_sge` elements and outlives the call; the memory they name is
+        // the caller's contract.
+        unsafe { self.post_recv_c(wr_id, sg.as_mut_ptr(), num_sge) }
+    }
+
+    /// [`post_recv`](Self::post_recv) of a C scatter/gather list (see
+    /// [`post_send_c`](Self::post_send_c)).
+    ///
+    /// # Safety
+    ///
+    /// `sg_list` points to `num_sge` initialised elements that live until the call returns,
+    /// and each of them meets [`post_recv`](Self::post_recv)'s contract.
+    #[inline]
+    unsafe fn post_recv_c(
+        &self,
+        wr_id: u64,
+        sg_list: *mut sys::ibv_sge,
+        num_sge: c_int,
+    ) -> io::Result<()> {
         let mut wr = sys::ibv_recv_wr {
             wr_id,
             next: ptr::null_mut(),
-            sg_list: sg.as_mut_ptr(),
+            sg_list,
             num_sge,
         };
         let mut bad: *mut sys::ibv_recv_wr = ptr::null_mut();
-        // SAFETY: live QP; `wr` and `sg` outlive the call; the memory is the caller's contract.
+        // SAFETY: live QP; `wr` and the list it points to outlive the call; the memory is the
+        // caller's contract.
         let ret = unsafe { sys::ibv_post_recv(self.ptr.as_ptr(), &mut wr, &mut bad) };
         sys::cvt_errno(ret)
     }
@@ -366,17 +408,19 @@ impl QpPtr<'_> {
             solicited,
         };
         self.post_owned(mr, range, |wr_id, sge| {
-            // SAFETY: `sge` lies in `mr`, registered with a PD; `mr` (and so its buffer) moves
+            // SAFETY: `sge` is one element that outlives the call, and lies in `mr`, registered
+            // with the QP's PD (checked by `post_owned`); `mr` (and so its buffer) moves
             // into the Posted that `post_owned` returns, which gives it back only for this
             // work request's completion (signaled, so there is one), or deregisters it before
             // freeing it (no DMA after ibv_dereg_mr), or leaks it.
-            unsafe { self.post_send(wr_id, &[sge], imm, flags) }
+            unsafe { self.post_send_c(wr_id, sge, 1, imm, flags) }
         })
     }
 
     /// Posts a receive into `mr`'s bytes `range` and keeps the region until the completion.
     ///
     /// `B: 'static` for the reason given at [`post_send_owned`](Self::post_send_owned).
+    #[inline]
     pub(crate) fn post_recv_owned<'pd, B: MrBuffer + 'static>(
         &self,
         mr: Mr<'pd, B>,
@@ -385,11 +429,11 @@ impl QpPtr<'_> {
         self.post_owned(mr, range, |wr_id, sge| {
             // SAFETY: as in post_send_owned; the device writes only into `range` of `mr`, which
             // nobody else can reach while Posted holds it.
-            unsafe { self.post_recv(wr_id, &[sge]) }
+            unsafe { self.post_recv_c(wr_id, sge, 1) }
         })
     }
 
-    /// The part both owned posts share: `range` of `mr` checked into one element, a fresh
+    /// The part both owned posts share: `range` of `mr` checked into one C element, a fresh
     /// owned `wr_id` (top bit set), `post` of them, and `mr` kept in the [`Posted`] on success
     /// or given back with the error.
     #[inline]
@@ -397,7 +441,7 @@ impl QpPtr<'_> {
         &self,
         mr: Mr<'pd, B>,
         range: std::ops::Range<usize>,
-        post: impl FnOnce(u64, Sge) -> io::Result<()>,
+        post: impl FnOnce(u64, &mut sys::ibv_sge) -> io::Result<()>,
     ) -> Result<Posted<'pd, B>, (io::Error, Mr<'pd, B>)> {
         if mr.pd_of_mr() != self.pd_of_qp() {
             // The HCA's PD check would refuse it on one device; across two devices the lkey
@@ -410,7 +454,13 @@ impl QpPtr<'_> {
             Err(e) => return Err((e, mr)),
         };
         let wr_id = OWNED_WR_ID_BIT | NEXT_OWNED_WR_ID.fetch_add(1, Ordering::Relaxed);
-        match post(wr_id, sge) {
+        // The one element, straight in C's layout: no list to build.
+        let mut c_sge = sys::ibv_sge {
+            addr: sge.addr,
+            length: sge.length,
+            lkey: sge.lkey,
+        };
+        match post(wr_id, &mut c_sge) {
             Ok(()) => Ok(Posted {
                 mr,
                 qp_num: self.qp_num(),
@@ -422,8 +472,8 @@ impl QpPtr<'_> {
     }
 }
 
-/// How many scatter/gather elements [`SgList`] keeps on the stack (every post evchan itself
-/// makes has one).
+/// How many scatter/gather elements [`SgList`] keeps on the stack (the slice posts of the slot
+/// pools and `post_*_raw` have one; the owned posts build their one element without a list).
 const INLINE_SGES: usize = 4;
 
 /// A work request's C scatter/gather list: on the stack up to [`INLINE_SGES`] elements (no
