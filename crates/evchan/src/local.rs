@@ -75,9 +75,9 @@
 //!   connection's device still has its verbs device node (`/sys/class/infiniband_verbs`):
 //!   rdma_cm sends `DEVICE_REMOVAL` only once the device's verbs users let go of it, so the
 //!   node's going is the first sign. Either ends the wait with [`Lost::DeviceRemoved`]. A
-//!   waiting [`LocalListener::accept`] looks the same way at every device listed when
-//!   [`listen`] began (the removal of any of them ends it, and every later one, with that
-//!   error). Once its objects are gone, the future of [`connect`] (or of
+//!   waiting [`LocalListener::accept`] looks the same way at every device that had a verbs
+//!   node when [`listen`] began (the removal of any of them, even one the listener does not
+//!   use, ends it, and every later one, with that error). Once its objects are gone, the future of [`connect`] (or of
 //!   [`listen`], for the listener and its connections) lists librdmacm's devices until the
 //!   removed one is gone from the list, at most 20 s, before it returns: librdmacm closes its
 //!   own context of a removed device only then, and a device that cannot disassociate user
@@ -106,8 +106,7 @@ use evchan_core::cm::state::{
 };
 use evchan_core::cm::{ConnParam, EventKind, PortSpace};
 use evchan_core::verbs::{
-    AsyncWaiter, CompChannel, Context, Cq, Mr, Pd, PostedSlot, Slot, SlotPool, WcStatus,
-    WorkCompletion,
+    AsyncWaiter, CompChannel, Cq, Mr, Pd, PostedSlot, Slot, SlotPool, WcStatus, WorkCompletion,
 };
 use evchan_core::{CmEvent, CmId, EventChannel, Readable};
 
@@ -194,10 +193,9 @@ pub async fn listen<R>(
         .listen(backlog)
         .map_err(|e| Error::from(e.error))?;
     // A listening id has no device of its own to name: a waiting accept watches every device
-    // listed now.
-    let listed = Context::rdma_cm_devices()
-        .map(|l| l.iter().map(Context::name).collect())
-        .unwrap_or_default();
+    // that has a verbs node now (read from sysfs: librdmacm's own listing would open every
+    // device's context).
+    let listed = removal::verbs_devices().unwrap_or_default();
     let mut listener = LocalListener {
         ch: &ch,
         cm: &cm,

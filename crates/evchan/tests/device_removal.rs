@@ -363,7 +363,8 @@ async fn in_task_child() {
 
 /// `evchan::local` alone (no runtime of the async API in the process): a local listener and a
 /// local connection to it, each side's `recv` pending. The removal ends both with
-/// `DeviceRemoved`, and the listener's next `accept` too; `rdma link delete` completes (the
+/// `DeviceRemoved`, and the listener's next `accept` too, as does the pending `accept` of a
+/// second local listener that never had a connection; `rdma link delete` completes (the
 /// futures let librdmacm close the device before they return), and nothing is left.
 async fn local_child() {
     assert!(
@@ -397,6 +398,11 @@ async fn local_child() {
             }
         }
     };
+    // A second local listener with an accept pending and no connection ever: only its watch of
+    // the devices' verbs nodes can end that accept.
+    let lonely = local::listen(v4(port(10)), Config::new(), async |l| {
+        l.accept(b"", async |_| ()).await
+    });
     let remove = async {
         while connected.get() < 2 {
             tokio::time::sleep(Duration::from_millis(20)).await;
@@ -406,10 +412,12 @@ async fn local_child() {
         let (status, done) = tokio::task::spawn_blocking(delete_rxe0).await.unwrap();
         (status, done - start)
     };
-    let (served, connection, (status, took)) = step("local removal", async {
-        tokio::join!(server, client, remove)
+    let (served, connection, lonely, (status, took)) = step("local removal", async {
+        tokio::join!(server, client, lonely, remove)
     })
     .await;
+    let lonely = lonely.unwrap();
+    assert!(removed(&lonely), "the lonely listener's accept: {lonely:?}");
     let (first, again) = served.unwrap();
     assert!(
         matches!(first, Ok(Err(Error::ConnectionLost(Lost::DeviceRemoved)))),

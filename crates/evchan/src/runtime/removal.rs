@@ -257,7 +257,7 @@ pub(crate) fn node_gone(opened: &[String]) -> Option<&str> {
 
 /// The devices that have a verbs device node now (`/sys/class/infiniband_verbs/*/ibdev`);
 /// `None` when sysfs cannot be read.
-fn verbs_devices() -> Option<Vec<String>> {
+pub(crate) fn verbs_devices() -> Option<Vec<String>> {
     let dir = std::fs::read_dir("/sys/class/infiniband_verbs").ok()?;
     Some(
         dir.filter_map(|e| std::fs::read_to_string(e.ok()?.path().join("ibdev")).ok())
