@@ -145,10 +145,19 @@ impl Conn<'_> {
         self.sends_in_flight > 0 || self.fin_wr.is_some()
     }
 
-    /// The `rdma_disconnect` a peer's disconnect deferred, now (if it was).
+    /// The `rdma_disconnect` a peer's disconnect deferred, now (if it was), and the drain's
+    /// deadline from here.
     pub(super) fn end_deferral(&mut self) {
         if std::mem::take(&mut self.disconnect_deferred) {
             self.id.disconnect();
+            self.deadline = Some(Instant::now() + super::shard::DRAIN_TIMEOUT);
+        }
+    }
+
+    /// A send or the `FIN` completed: once none is in flight, the deferred disconnect.
+    pub(super) fn after_send(&mut self) {
+        if self.disconnect_deferred && !self.sending() {
+            self.end_deferral();
         }
     }
 

@@ -36,7 +36,7 @@ mod setup;
 use self::retire::refuse_removed;
 
 /// How long a closing connection may take to drain before its id is destroyed anyway.
-const DRAIN_TIMEOUT: Duration = Duration::from_secs(15);
+pub(super) const DRAIN_TIMEOUT: Duration = Duration::from_secs(15);
 /// How long a peer's disconnect lets our sends in flight complete before our own disconnect
 /// flushes them (see `Conn::disconnect_deferred`).
 const ACK_GRACE: Duration = Duration::from_millis(250);

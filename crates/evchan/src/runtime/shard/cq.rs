@@ -8,9 +8,7 @@ use tokio::sync::mpsc;
 
 use evchan_core::verbs::{Slot, WcStatus, WorkCompletion};
 
-use super::{
-    connected, record, Shard, Spun, WrKind, DRAIN_TIMEOUT, POLL_BATCH, SPINS_PER_CLOCK_READ,
-};
+use super::{connected, record, Shard, Spun, WrKind, POLL_BATCH, SPINS_PER_CLOCK_READ};
 use crate::cm_map;
 use crate::error::Lost;
 use crate::proto::Kind;
@@ -185,6 +183,7 @@ impl<'s, 'c> Shard<'s, 'c> {
                         shared.mark_undelivered();
                     }
                 }
+                c.after_send();
                 self.dirty.push(conn);
             }
             WrKind::Ctrl => {
@@ -194,17 +193,9 @@ impl<'s, 'c> Shard<'s, 'c> {
                 if let Some(path) = c.path.as_mut() {
                     path.free_ctrl.push(slot);
                 }
+                c.after_send();
                 self.dirty.push(conn);
             }
-        }
-        // The sends a peer's disconnect waited for are through: our disconnect now.
-        if let Some(c) = self
-            .conns
-            .get_mut(&conn)
-            .filter(|c| c.disconnect_deferred && !c.sending())
-        {
-            c.end_deferral();
-            c.deadline = Some(Instant::now() + DRAIN_TIMEOUT);
         }
         if !ok && wc.status() != WcStatus::WrFlush {
             self.lose(

@@ -91,9 +91,9 @@ impl<'s, 'c> Shard<'s, 'c> {
                 Phase::Requested => self.reject(conn, &[]),
                 // The grace of sends in flight at the peer's disconnect is over.
                 Phase::Draining if self.conns[&conn].disconnect_deferred => {
-                    let c = self.conns.get_mut(&conn).expect("present");
-                    c.end_deferral();
-                    c.deadline = Some(now + DRAIN_TIMEOUT);
+                    if let Some(c) = self.conns.get_mut(&conn) {
+                        c.end_deferral();
+                    }
                 }
                 Phase::Open | Phase::Draining => {
                     // A close that did not finish: release everything now.
