@@ -77,12 +77,13 @@
 //!   node's going is the first sign. Either ends the wait with [`Lost::DeviceRemoved`]. A
 //!   waiting [`LocalListener::accept`] looks the same way at every device that had a verbs
 //!   node when [`listen`] began (the removal of any of them, even one the listener does not
-//!   use, ends it, and every later one, with that error). Once its objects are gone, the future of [`connect`] (or of
-//!   [`listen`], for the listener and its connections) lists librdmacm's devices until the
-//!   removed one is gone from the list, at most 20 s, before it returns: librdmacm closes its
-//!   own context of a removed device only then, and a device that cannot disassociate user
-//!   contexts (soft-RoCE) is only unregistered once it is closed. A removal during the
-//!   connection's setup is an error of the setup, without that wait.
+//!   use, ends it, and every later one, with that error). Once its objects are gone, the
+//!   future of [`connect`] (or of [`listen`], for the listener and its connections) lists
+//!   librdmacm's devices until the removed one is gone from the list, at most 20 s, before it
+//!   returns: librdmacm closes its own context of a removed device only then, and a device
+//!   that cannot disassociate user contexts (soft-RoCE) is only unregistered once it is
+//!   closed. A removal during the connection's setup is an error of the setup, without that
+//!   wait.
 //! - Close: when the closure returns, the connection sends its `FIN` after everything it sent
 //!   and waits for its completion (for a plain librdmacm peer, for every send's), then
 //!   disconnects and waits for `DISCONNECTED`; each wait at most 15 s and 2 s. Then every
@@ -228,7 +229,7 @@ pub struct LocalListener<'a> {
     cm: &'a Readable<'a>,
     id: &'a CmId<'a, Listening>,
     config: Config,
-    /// The devices listed when it began to listen (watched while `accept` waits).
+    /// The devices with a verbs node when it began to listen (watched while `accept` waits).
     listed: Vec<String>,
     /// The device of the listener's connections, once one of them saw it removed.
     device: Option<String>,
@@ -725,9 +726,8 @@ impl LocalConnection<'_> {
             Woke::Watch => {
                 let next = tokio::time::Instant::now() + removal::WATCH_INTERVAL;
                 self.watch.as_mut().reset(next);
-                if removal::node_gone(std::slice::from_ref(&self.device)).is_some() {
-                    self.disconnected = true;
-                    self.lose(Lost::DeviceRemoved);
+                if self.device_gone() {
+                    self.removed();
                 }
             }
         }
@@ -757,21 +757,25 @@ impl LocalConnection<'_> {
     fn read_cm_events(&mut self) -> Result<()> {
         while let Some(ev) = self.ch.try_get_event()? {
             match ev.kind() {
-                EventKind::Disconnected => {
-                    self.disconnected = true;
-                    // A peer that saw the device go first (one of this process, say).
-                    if removal::node_gone(std::slice::from_ref(&self.device)).is_some() {
-                        self.lose(Lost::DeviceRemoved);
-                    }
-                }
-                EventKind::DeviceRemoval => {
-                    self.disconnected = true;
-                    self.lose(Lost::DeviceRemoved);
-                }
+                // A peer that saw the device go first (one of this process, say) disconnects.
+                EventKind::Disconnected if self.device_gone() => self.removed(),
+                EventKind::Disconnected => self.disconnected = true,
+                EventKind::DeviceRemoval => self.removed(),
                 kind => tracing::debug!(%kind, "event ignored by a local connection"),
             }
         }
         Ok(())
+    }
+
+    /// Whether the connection's device lost its verbs node (see the module's device removal).
+    fn device_gone(&self) -> bool {
+        removal::node_gone(std::slice::from_ref(&self.device)).is_some()
+    }
+
+    /// The device was removed: the connection is gone with it.
+    fn removed(&mut self) {
+        self.disconnected = true;
+        self.lose(Lost::DeviceRemoved);
     }
 
     fn lose(&mut self, why: Lost) {
@@ -984,8 +988,9 @@ impl LocalConnection<'_> {
 }
 
 /// After a device removal, once everything of it here is dropped: lets librdmacm close its
-/// context of the device, one of `removed` (the runtime's step 3 of a removal, `runtime::removal`), without
-/// which soft-RoCE's `rdma link delete` waits for the process; at most 20 s.
+/// context of the device, one of `removed` (the runtime's step 3 of a removal,
+/// `runtime::removal`), without which soft-RoCE's `rdma link delete` waits for the process;
+/// at most 20 s.
 async fn let_go(removed: &[String]) {
     let start = Instant::now();
     while !removal::sweep(removed, start) {
