@@ -165,6 +165,18 @@ pub struct Sge {
     pub lkey: u32,
 }
 
+impl Sge {
+    /// The element in C's layout.
+    #[inline]
+    fn to_c(self) -> sys::ibv_sge {
+        sys::ibv_sge {
+            addr: self.addr,
+            length: self.length,
+            lkey: self.lkey,
+        }
+    }
+}
+
 impl<'res> Qp<'res> {
     /// `ibv_create_qp` of a QP of type `qp_type` on `pd`.
     pub(crate) fn new(
@@ -455,11 +467,7 @@ impl QpPtr<'_> {
         };
         let wr_id = OWNED_WR_ID_BIT | NEXT_OWNED_WR_ID.fetch_add(1, Ordering::Relaxed);
         // The one element, straight in C's layout: no list to build.
-        let mut c_sge = sys::ibv_sge {
-            addr: sge.addr,
-            length: sge.length,
-            lkey: sge.lkey,
-        };
+        let mut c_sge = sge.to_c();
         match post(wr_id, &mut c_sge) {
             Ok(()) => Ok(Posted {
                 mr,
@@ -499,11 +507,6 @@ impl SgList {
 fn c_sg_list(sges: &[Sge]) -> io::Result<(SgList, c_int)> {
     let num_sge =
         c_int::try_from(sges.len()).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
-    let c = |s: &Sge| sys::ibv_sge {
-        addr: s.addr,
-        length: s.length,
-        lkey: s.lkey,
-    };
     let sg = if sges.len() <= INLINE_SGES {
         let mut a = [sys::ibv_sge {
             addr: 0,
@@ -511,11 +514,11 @@ fn c_sg_list(sges: &[Sge]) -> io::Result<(SgList, c_int)> {
             lkey: 0,
         }; INLINE_SGES];
         for (slot, s) in a.iter_mut().zip(sges) {
-            *slot = c(s);
+            *slot = s.to_c();
         }
         SgList::Inline(a)
     } else {
-        SgList::Heap(sges.iter().map(c).collect())
+        SgList::Heap(sges.iter().map(|s| s.to_c()).collect())
     };
     Ok((sg, num_sge))
 }
