@@ -4,7 +4,8 @@
 //! message a signaled SEND of a registered slot (`post_send_slot`; the library's way, so a send
 //! completion per message, which `ib_send_lat` does not ask for). Busy-poll (`--busy-poll-us`,
 //! any value) spins on `Cq::poll_one`; event mode waits on the CQ's completion channel
-//! (`Cq::wait`: arm, poll, wait, read and ack the event, poll).
+//! (`Cq::wait`: poll, arm, poll, wait, poll; a wake-up's event is read and acked by the next
+//! wait that finds the CQ empty, before it arms the CQ again).
 //!
 //! With `--tokio` each side's loop runs instead in one `block_on` of a current-thread tokio
 //! runtime on that thread, and its waits are tokio's: busy-poll yields to the runtime every 64

@@ -90,9 +90,21 @@ fn async_wait_sleeps_until_the_completions_come_and_reads_their_events() {
             assert_eq!(recv_wc.1.opcode(), Some(WcOpcode::Recv));
             assert_eq!(recv_wc.1.imm_data(), Some(7));
             assert_eq!(recv_wc.1.byte_len(), 13);
+            // The completions came first; the events that announced them are read by the
+            // next wait that finds the CQs empty, before it arms them and sleeps.
+            let idle = tokio::time::timeout(
+                Duration::from_millis(100),
+                wait_until(&waiter, cqs, &mut wcs, 3),
+            )
+            .await;
+            assert!(idle.is_err(), "nothing more was posted, yet {idle:?}");
             assert!(
                 channel.events_read() >= 1,
                 "the wait slept on the channel and read its event"
+            );
+            assert!(
+                channel.try_get_cq_event(&cqs).unwrap().is_none(),
+                "an event was left unread"
             );
             let mrs = complete_each(vec![tx, rx], &wcs);
             assert_eq!(&mrs[1].as_slice()[..13], b"over the loop");

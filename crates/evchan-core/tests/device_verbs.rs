@@ -78,6 +78,49 @@ fn one_cq_send_recv_event_driven() {
     assert_eq!(buf, b"hello, rxe");
 }
 
+/// `wait` hands out a wake-up's completions before it reads the event that announced them;
+/// the next wait that finds the CQ empty reads (and counts the ack of) that event before it
+/// arms the CQ and sleeps, so none is left behind.
+#[test]
+fn wait_reads_the_event_after_handing_out_its_completions() {
+    require_device!();
+    let ctx = open_device();
+    let (gid, pd, ch) = loopback(&ctx);
+    let cq = Cq::new(&ch, 16).unwrap();
+    let (a, b) = rc_pair(&gid, &pd, (&cq, &cq), (&cq, &cq));
+    let rx = recv(&pd, &b, 64);
+    let mut wcs = Vec::new();
+    let tx = std::thread::scope(|scope| {
+        // The send goes out once the wait below has found nothing and is asleep.
+        let sender = scope.spawn(|| {
+            std::thread::sleep(Duration::from_millis(200));
+            send(&pd, &a, b"woken".to_vec(), None)
+        });
+        while wcs.len() < 2 {
+            let n = cq.wait(Some(10 * SECOND), |wc| wcs.push(wc)).unwrap();
+            assert!(n > 0, "no completion within 10 s");
+        }
+        sender.join().unwrap()
+    });
+    assert_eq!(
+        ch.events_read(),
+        0,
+        "the completions came before the event's read"
+    );
+    let idle = cq.wait(Some(Duration::from_millis(100)), |wc| wcs.push(wc));
+    assert_eq!(idle.unwrap(), 0, "nothing more was posted");
+    assert_eq!(ch.events_read(), 1, "the next wait read the event");
+    assert_eq!(cq.pending_acks(), 1, "its ack is counted into the batch");
+    assert!(
+        ch.try_get_cq_event(&[&cq]).unwrap().is_none(),
+        "no event left"
+    );
+    for p in [tx, rx] {
+        let wc = wcs.iter().find(|wc| p.is_completed_by(wc)).unwrap();
+        assert!(p.complete(wc).is_ok(), "{wc:?}");
+    }
+}
+
 /// Four CQs on one channel: events are routed to the right CQ, completions land on the CQ
 /// their QP's queue names.
 #[test]

@@ -2,6 +2,7 @@
 
 use std::fmt;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use evchan_sys::fd::{deadline_after, poll_readable, time_left};
@@ -60,6 +61,10 @@ use super::{Context, Cq, CqEvent, CqId, Error, Result, WorkCompletion};
 #[doc(alias = "ibv_destroy_comp_channel")]
 pub struct CompChannel<'ctx> {
     pub(super) raw: ffi::CompChannel<'ctx>,
+    /// [`wait`](Self::wait) woke on the descriptor and has not read the events since: the
+    /// next wait that finds the CQs empty reads them before it arms. A hint only: `poll(2)`
+    /// is level-triggered, so a wait never sleeps while an event is queued, whatever it says.
+    woken: AtomicBool,
 }
 
 impl<'ctx> CompChannel<'ctx> {
@@ -72,6 +77,7 @@ impl<'ctx> CompChannel<'ctx> {
     pub fn new(ctx: &'ctx Context) -> Result<Self> {
         Ok(CompChannel {
             raw: ffi::CompChannel::new(&ctx.raw).map_err(Error::io("ibv_create_comp_channel"))?,
+            woken: AtomicBool::new(false),
         })
     }
 
@@ -148,13 +154,21 @@ impl<'ctx> CompChannel<'ctx> {
     /// The loop, which loses no completion and never sleeps on one that is already there:
     /// 1. poll every CQ until it is empty (at most one CQ's capacity per call); return if
     ///    anything was found;
-    /// 2. arm every CQ (`ibv_req_notify_cq`);
-    /// 3. poll every CQ again: a completion that arrived before the arm took effect raises no
+    /// 2. if an earlier turn woke on the channel's fd, read every event until `EAGAIN`,
+    ///    counting each one's ack into its CQ's batch (events of CQs not in `cqs` are acked at
+    ///    once);
+    /// 3. arm every CQ (`ibv_req_notify_cq`);
+    /// 4. poll every CQ again: a completion that arrived before the arm took effect raises no
     ///    event, so it is picked up here; return if anything was found;
-    /// 4. wait for the channel's fd to become readable;
-    /// 5. read every event until `EAGAIN`, counting each one's ack into its CQ's batch
-    ///    (events of CQs not in `cqs` are acked at once);
+    /// 5. wait for the channel's fd to become readable;
     /// 6. go to 1.
+    ///
+    /// After a wake-up the completions come first: the events that announced them are read in
+    /// step 2 of the next turn that finds the CQs empty, before the CQs are armed again and
+    /// before any sleep (a CQ raises at most one event per arm, so at most one per CQ waits
+    /// there). The calls between a completion's arrival and its handing to `on_wc` are then
+    /// only the polls; the event's read and the arm follow, off that path (where C's
+    /// `ibv_get_cq_event` idiom reads the event, and usually arms, first).
     ///
     /// Pass every CQ of the channel, and wait on one channel from one place at a time: an event
     /// read here for a CQ not in `cqs` is acked and gone, so a thread waiting for that CQ
@@ -173,22 +187,30 @@ impl<'ctx> CompChannel<'ctx> {
         let deadline = timeout.and_then(deadline_after);
         let mut buf = [ffi::RawWc::default(); ffi::POLL_BATCH];
         loop {
-            // Steps 1-3.
-            let n = poll_arm_poll(cqs, &mut buf, &mut on_wc)?;
+            // Step 1.
+            let n = drain(cqs, &mut buf, &mut on_wc)?;
             if n > 0 {
                 return Ok(n);
             }
-            // Step 4.
+            // Step 2.
+            if self.woken.swap(false, Ordering::Relaxed) {
+                self.read_events(cqs)?;
+            }
+            // Steps 3-4.
+            let n = arm_and_drain(cqs, &mut buf, &mut on_wc)?;
+            if n > 0 {
+                return Ok(n);
+            }
+            // Step 5.
             let left = time_left(deadline);
             if !poll_readable(self.raw.fd(), left).map_err(Error::io("poll"))? {
                 return Ok(0);
             }
-            // Step 5.
-            self.read_events(cqs)?;
+            self.woken.store(true, Ordering::Relaxed);
         }
     }
 
-    /// Step 5 of [`wait`](Self::wait): reads every event until `EAGAIN`, each one's ack counted
+    /// Step 2 of [`wait`](Self::wait): reads every event until `EAGAIN`, each one's ack counted
     /// into its CQ's batch (events of CQs not in `cqs` are acked at once).
     fn read_events(&self, cqs: &[&Cq<'_>]) -> Result<()> {
         while let Some(ack) = self
@@ -305,15 +327,17 @@ impl AsyncWaiter<'_, '_> {
     /// calls `on_wc(index_in_cqs, completion)` for every completion found and returns their
     /// number once there is at least one.
     ///
-    /// The loop is [`CompChannel::wait`]'s (poll, arm, poll, wait, read every event until
-    /// `EAGAIN` with its ack counted, poll again), and after the events are read the readiness
-    /// is cleared, so no wake-up is lost. The same rules hold: pass every CQ of the channel,
-    /// and wait on one channel from one place at a time.
+    /// The loop is [`CompChannel::wait`]'s (poll; if the channel is readable, read every event
+    /// until `EAGAIN` with its ack counted and clear the readiness; arm, poll, wait for the
+    /// readiness, poll again). A wake-up's completions are handed out first, its events read
+    /// by the next turn that finds the CQs empty, before they are armed again; the readiness
+    /// is cleared only after a read until `EAGAIN`, so no wake-up is lost. The same rules
+    /// hold: pass every CQ of the channel, and wait on one channel from one place at a time.
     ///
-    /// Cancel-safe: the future awaits only the channel's readiness, before reading any event
-    /// and after handing every completion found to `on_wc`; dropped there (a timeout, a
-    /// `select!`), it loses nothing: the CQs stay armed, and the events still queued are read,
-    /// and acked, by the next wait.
+    /// Cancel-safe: the future awaits only the channel's readiness, after arming and after
+    /// handing every completion found to `on_wc`; dropped there (a timeout, a `select!`), it
+    /// loses nothing: the CQs stay armed, and the events still queued are read, and acked, by
+    /// the next wait.
     ///
     /// # Errors
     /// [`Error::Io`] from `ibv_poll_cq`, `ibv_req_notify_cq`, `ibv_get_cq_event` or the
@@ -323,38 +347,54 @@ impl AsyncWaiter<'_, '_> {
         cqs: &[&Cq<'_>],
         mut on_wc: impl FnMut(usize, WorkCompletion),
     ) -> Result<usize> {
+        use std::future::poll_fn;
+        use std::task::Poll;
+
+        let readable = &self.readable;
         loop {
-            // The buffer is not kept across the await (the future stays small).
-            let n = poll_arm_poll(
-                cqs,
-                &mut [ffi::RawWc::default(); ffi::POLL_BATCH],
-                &mut on_wc,
-            )?;
+            // One turn without awaiting (its buffer is not kept in the future).
+            let n = poll_fn(|cx| {
+                let mut buf = [ffi::RawWc::default(); ffi::POLL_BATCH];
+                Poll::Ready(self.turn(cqs, cx, &mut buf, &mut on_wc))
+            })
+            .await?;
             if n > 0 {
                 return Ok(n);
             }
-            let mut guard = self
-                .readable
-                .ready()
-                .await
-                .map_err(Error::io("readiness"))?;
+            // Kept, not cleared: the events are read by the next turn that finds the CQs empty.
+            let _seen = readable.ready().await.map_err(Error::io("readiness"))?;
+        }
+    }
+
+    /// One turn of [`wait`](Self::wait) up to its sleep: poll; if the reactor saw the channel
+    /// readable, read every event until `EAGAIN` and clear the readiness; arm, poll.
+    fn turn(
+        &self,
+        cqs: &[&Cq<'_>],
+        cx: &mut std::task::Context<'_>,
+        buf: &mut [ffi::RawWc; ffi::POLL_BATCH],
+        on_wc: &mut impl FnMut(usize, WorkCompletion),
+    ) -> Result<usize> {
+        let n = drain(cqs, buf, on_wc)?;
+        if n > 0 {
+            return Ok(n);
+        }
+        if let std::task::Poll::Ready(ready) = self.readable.poll_ready(cx) {
+            let mut guard = ready.map_err(Error::io("readiness"))?;
             self.channel.read_events(cqs)?;
             guard.clear_ready();
         }
+        arm_and_drain(cqs, buf, on_wc)
     }
 }
 
-/// Steps 1-3 of [`CompChannel::wait`]: polls every CQ until empty; if nothing was there, arms
-/// every CQ and polls again. How many completions were handed to `on_wc`.
-fn poll_arm_poll(
+/// Steps 3-4 of [`CompChannel::wait`]: arms every CQ and polls them again. How many
+/// completions were handed to `on_wc`.
+fn arm_and_drain(
     cqs: &[&Cq<'_>],
     buf: &mut [ffi::RawWc; ffi::POLL_BATCH],
     on_wc: &mut impl FnMut(usize, WorkCompletion),
 ) -> Result<usize> {
-    let n = drain(cqs, buf, on_wc)?;
-    if n > 0 {
-        return Ok(n);
-    }
     for cq in cqs {
         cq.req_notify(false)?;
     }
