@@ -132,9 +132,21 @@ fn a_cancelled_async_wait_loses_nothing() {
             wait_until(&waiter, cqs, &mut wcs, 2).await;
             complete_each(vec![tx, rx], &wcs);
             // Those events are read (and acked) by the next wait that finds the CQs empty;
-            // nothing is left readable after it.
-            let idle = tokio::time::timeout(nothing, wait_until(&waiter, cqs, &mut wcs, 3)).await;
+            // nothing is left readable after it, and it sleeps: 300 ms of waiting cost the
+            // thread next to no CPU time (a wait that spun on readiness it never cleared would
+            // cost all of it).
+            let ticks = support::thread_cpu_ticks();
+            let idle = tokio::time::timeout(
+                Duration::from_millis(300),
+                wait_until(&waiter, cqs, &mut wcs, 3),
+            )
+            .await;
             assert!(idle.is_err(), "nothing more was posted, yet {idle:?}");
+            let spent = support::thread_cpu_ticks() - ticks;
+            assert!(
+                spent < 15,
+                "an idle wait used {spent} ticks of CPU in 300 ms"
+            );
             assert_eq!(wcs.len(), 2);
             assert_eq!(channel.events_read(), 2, "one event per armed CQ");
         });

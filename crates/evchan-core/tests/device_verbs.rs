@@ -107,8 +107,15 @@ fn wait_reads_the_event_after_handing_out_its_completions() {
         0,
         "the completions came before the event's read"
     );
-    let idle = cq.wait(Some(Duration::from_millis(100)), |wc| wcs.push(wc));
+    // It sleeps: 300 ms of waiting cost next to no CPU time.
+    let ticks = support::thread_cpu_ticks();
+    let idle = cq.wait(Some(Duration::from_millis(300)), |wc| wcs.push(wc));
     assert_eq!(idle.unwrap(), 0, "nothing more was posted");
+    let spent = support::thread_cpu_ticks() - ticks;
+    assert!(
+        spent < 15,
+        "an idle wait used {spent} ticks of CPU in 300 ms"
+    );
     assert_eq!(ch.events_read(), 1, "the next wait read the event");
     assert_eq!(cq.pending_acks(), 1, "its ack is counted into the batch");
     assert!(
