@@ -30,7 +30,11 @@ fn settle_to(kinds: &[&str], before: &[usize], what: &str) {
         }
         assert!(
             start.elapsed() < Duration::from_secs(20),
-            "{what}: {kinds:?} list {now:?}, {before:?} expected"
+            "{what}: {kinds:?} list {now:?}, {before:?} expected; listed: {:#?}",
+            kinds
+                .iter()
+                .flat_map(|k| user_rdma_resources(k))
+                .collect::<Vec<_>>()
         );
         std::thread::sleep(Duration::from_millis(100));
     }
