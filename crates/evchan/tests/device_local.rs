@@ -570,28 +570,6 @@ async fn recv_with_lends_the_message_and_survives_a_panic() {
     settle_to(&KINDS, &before, "after recv_with");
 }
 
-/// Makes librdmacm's own PD of the device now, once no evchan runtime runs: librdmacm 44
-/// allocates one PD per device when the first id binds to it and, once the device list was
-/// taken meanwhile (`rdma_get_devices`, as a local connection's context does), keeps it for the
-/// rest of the process (`device_scale`'s `librdmacm_keeps_its_device_pd`). A test that counts
-/// PDs before and after then counts that one in both, whichever of its objects goes last.
-fn pin_librdmacm_pd() {
-    use evchan_core::cm::PortSpace;
-    use evchan_core::verbs::Context;
-    use evchan_core::{CmId, EventChannel};
-    support::wait_runtime_gone();
-    let ctxs = Context::rdma_cm_devices().unwrap();
-    let ch = EventChannel::new().unwrap();
-    let id = CmId::new(&ch, PortSpace::Tcp)
-        .unwrap()
-        .bind(v4(0))
-        .map_err(|e| e.error)
-        .unwrap();
-    drop(id);
-    drop(ch);
-    drop(ctxs);
-}
-
 /// `connect` and `listen` dropped while they wait leave nothing behind (the docs' cancel
 /// safety): a connect to a local listener that never accepts, cancelled by a timeout while it
 /// waits for `ESTABLISHED`, and the listener dropped with it, the request still in its backlog;
@@ -604,7 +582,7 @@ async fn connect_and_listen_cancelled_leave_nothing() {
     // before the connect's device list (`[0, 0, 0, 0, 1]` against `[0, 0, 0, 0, 0]`, a PD with
     // no users): in 2 of 8 runs of the whole binary, 8 of 36 runs of this test after
     // `accept_cancelled_while_waiting_loses_no_request`, and 12 of 12 runs of it alone.
-    pin_librdmacm_pd();
+    support::pin_librdmacm_pd();
     let before = resources(&KINDS);
     let addr = v4(port(17));
     let listening = Cell::new(false);

@@ -277,20 +277,7 @@ fn many_connections_three_rounds_without_growth() {
 /// Made here on purpose, with no evchan runtime running, and returned as `rdma resource show
 /// pd` lists it.
 fn librdmacm_pd() -> Vec<String> {
-    use evchan_core::cm::PortSpace;
-    use evchan_core::verbs::Context;
-    use evchan_core::{CmId, EventChannel};
-    wait_runtime_gone();
-    let ctxs = Context::rdma_cm_devices().unwrap();
-    let ch = EventChannel::new().unwrap();
-    let id = CmId::new(&ch, PortSpace::Tcp)
-        .unwrap()
-        .bind(v4(0))
-        .map_err(|e| e.error)
-        .unwrap();
-    drop(id);
-    drop(ch);
-    drop(ctxs);
+    support::pin_librdmacm_pd();
     let pds = user_rdma_resources("pd");
     assert_eq!(
         pds.len(),

@@ -152,6 +152,29 @@ pub fn wait_runtime_gone() {
     }
 }
 
+/// Makes librdmacm's own PD of the device now, once no evchan runtime runs: librdmacm 44
+/// allocates one PD per device when the first id binds to it and, once the device list was
+/// taken meanwhile (`rdma_get_devices`, as evchan's runtime and a local connection's context
+/// do), keeps it for the rest of the process (`device_scale`'s
+/// `librdmacm_keeps_its_device_pd`). A test that counts PDs before and after then counts that
+/// one in both, whichever of its objects goes last.
+pub fn pin_librdmacm_pd() {
+    use evchan_core::cm::PortSpace;
+    use evchan_core::verbs::Context;
+    use evchan_core::{CmId, EventChannel};
+    wait_runtime_gone();
+    let ctxs = Context::rdma_cm_devices().unwrap();
+    let ch = EventChannel::new().unwrap();
+    let id = CmId::new(&ch, PortSpace::Tcp)
+        .unwrap()
+        .bind(v4(0))
+        .map_err(|e| e.error)
+        .unwrap();
+    drop(id);
+    drop(ch);
+    drop(ctxs);
+}
+
 /// What each open file descriptor of this process points to.
 pub fn fd_targets() -> Vec<String> {
     let mut v: Vec<String> = std::fs::read_dir("/proc/self/fd")
