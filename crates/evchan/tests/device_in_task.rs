@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use evchan::{Config, Connection, Error, Listener, Lost};
-use support::{evchan_threads, port, qps_settle_to, step, v4};
+use support::{evchan_threads, port, qps_settle_to, step, thread_cpu_ticks, v4};
 
 fn msg(i: u32, len: usize) -> Bytes {
     let mut v = vec![(i % 251) as u8; len.max(4)];
@@ -61,6 +61,89 @@ async fn echo_on_a_current_thread_runtime() {
         .in_task(true)
         .busy_poll(Some(Duration::from_micros(300)));
     echo_run(busy, port(2), 300).await;
+    assert_eq!(evchan_threads(), Vec::<String>::new());
+}
+
+/// Event-driven, on a current-thread runtime, with bursts in flight on 4 connections of the
+/// one shard (the 4 echo servers' ends on it too): a wake-up's completions are handed out
+/// before its events are read, and those reads wait for the tasks the completions woke. Every
+/// echo comes back in order on its connection. Then, the connections idle but open, the
+/// shard sleeps: 300 ms of this thread (the shard's and every task's) cost under 15 clock
+/// ticks of its CPU (a shard that kept its channel's readiness without reading the events
+/// would spin through all 30).
+#[tokio::test]
+async fn bursts_then_idle_on_a_current_thread_runtime() {
+    require_device!();
+    const CONNS: usize = 4;
+    const BURSTS: u32 = 40;
+    const BURST: u32 = 8;
+    let config = Config::new().in_task(true);
+    let listener = step("bind", Listener::bind(v4(port(6)), config.clone()))
+        .await
+        .unwrap();
+    let addr = listener.local_addr();
+    let server = tokio::spawn(async move {
+        let mut echoes = Vec::new();
+        for _ in 0..CONNS {
+            let mut conn = listener.accept().await?.accept(&[]).await?;
+            echoes.push(tokio::spawn(async move {
+                while let Some(m) = conn.recv().await? {
+                    conn.send(m).await?;
+                }
+                conn.close().await
+            }));
+        }
+        Ok::<_, Error>(echoes)
+    });
+    let mut clients = Vec::new();
+    for c in 0..CONNS {
+        let config = config.clone();
+        clients.push(tokio::spawn(async move {
+            let mut conn = step(
+                "connect",
+                Connection::builder().config(config).connect(addr),
+            )
+            .await
+            .unwrap();
+            for b in 0..BURSTS {
+                let first = (c as u32 * BURSTS + b) * BURST;
+                for i in first..first + BURST {
+                    step("send", conn.send(msg(i, 1 + i as usize % 300)))
+                        .await
+                        .unwrap();
+                }
+                for i in first..first + BURST {
+                    let back = step("echo", conn.recv()).await.unwrap().expect("an echo");
+                    assert_eq!(
+                        back,
+                        msg(i, 1 + i as usize % 300),
+                        "connection {c}, message {i}"
+                    );
+                }
+            }
+            conn
+        }));
+    }
+    let mut conns = Vec::new();
+    for client in clients {
+        conns.push(step("client", client).await.unwrap());
+    }
+    let echoes = step("accepts", server).await.unwrap().unwrap();
+    // Idle, every connection open: nothing should run.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let before = thread_cpu_ticks();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let spent = thread_cpu_ticks() - before;
+    assert!(
+        spent < 15,
+        "an idle in-task shard used {spent} ticks of CPU in 300 ms"
+    );
+    for conn in conns {
+        step("close", conn.close()).await.unwrap();
+    }
+    for echo in echoes {
+        step("echo server", echo).await.unwrap().unwrap();
+    }
     assert_eq!(evchan_threads(), Vec::<String>::new());
 }
 

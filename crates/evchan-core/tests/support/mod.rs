@@ -139,23 +139,15 @@ pub fn fd_count() -> usize {
     std::fs::read_dir("/proc/self/fd").unwrap().count()
 }
 
+mod cpu;
+#[allow(unused_imports)]
+pub use cpu::thread_cpu_ticks;
+
 /// Resident set size of this process, in bytes.
 pub fn rss_bytes() -> u64 {
     let statm = std::fs::read_to_string("/proc/self/statm").unwrap();
     let pages: u64 = statm.split_whitespace().nth(1).unwrap().parse().unwrap();
     pages * 4096
-}
-
-/// CPU time (user + system) the calling thread has used so far, in clock ticks
-/// (`/proc/thread-self/stat`'s `utime` and `stime`; 100 a second on Linux): a wait that sleeps
-/// adds next to none, one that spins adds its whole duration.
-pub fn thread_cpu_ticks() -> u64 {
-    let stat = std::fs::read_to_string("/proc/thread-self/stat").unwrap();
-    // The fields after the command name, which is in parentheses and may hold spaces.
-    let rest = &stat[stat.rfind(')').unwrap() + 2..];
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    // utime and stime are fields 14 and 15 of the whole line, 12 and 13 of the rest.
-    fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap()
 }
 
 /// Two event channels: the server's and the client's.

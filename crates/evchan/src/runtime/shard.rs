@@ -128,6 +128,10 @@ struct Shard<'s, 'c> {
     keepalive_tick: Option<Instant>,
     /// Per device: the CQ is armed. A busy-polling shard arms it only before it sleeps.
     armed: Vec<bool>,
+    /// Per device, in a task: a wake-up's completions were handed out and its events are not
+    /// read yet (the channel's readiness is kept); the shard reads them after the tasks those
+    /// completions woke have run, and arms the CQ only then.
+    unread: Vec<bool>,
     /// In a task: the last progress of a busy poll that paused since (see [`Shard::busy_poll`]).
     spin_last: Option<Instant>,
 }
@@ -236,6 +240,7 @@ async fn drive<'s, 'c>(
         keepalive_at: None,
         keepalive_tick: None,
         armed: vec![false; env_cqs],
+        unread: vec![false; env_cqs],
         spin_last: None,
     };
     for d in 0..shard.env.cqs.len() {
@@ -270,8 +275,10 @@ async fn drive<'s, 'c>(
         }
         if !spinning {
             // Before sleeping, every CQ armed, then polled: nothing that came before is lost.
+            // (A CQ whose events are unread is armed after their read: its channel is still
+            // readable, so the shard does not sleep before it comes to that.)
             for d in 0..shard.env.cqs.len() {
-                if !shard.armed[d] {
+                if !shard.armed[d] && !shard.unread[d] {
                     shard.arm_and_poll(d);
                 }
             }
@@ -294,6 +301,7 @@ async fn drive<'s, 'c>(
         // so that none starves the others. Polled by hand rather than through `select!`,
         // which makes, registers and drops a future per source on every turn.
         turn = turn.wrapping_add(1);
+        let mut yield_first = false;
         let woke = poll_fn(|cx| {
             for k in 0..WAKE_SOURCES {
                 let ready = match (turn + k) % WAKE_SOURCES {
@@ -342,13 +350,25 @@ async fn drive<'s, 'c>(
             }
             Wake::Comp(d, guard) => {
                 let mut guard = guard?;
-                shard.drain_cq_events(d);
-                guard.clear_ready();
-                // The notification is used up. The CQ is armed again only when the shard goes
-                // to sleep (above): a completion that comes meanwhile (a send's, which rxe
-                // completes inside the post) is polled then, without an event of its own.
+                // The completions first: what they deliver reaches the application before the
+                // events are read. The notification is used up: the CQ is armed again only
+                // when the shard goes to sleep (above), and a completion that comes meanwhile
+                // (a send's, which rxe completes inside the post) is polled then, without an
+                // event of its own.
                 shard.armed[d] = false;
-                shard.poll_cq(d);
+                let n = shard.poll_cq(d);
+                if n > 0 && shard.env.in_task && !shard.unread[d] {
+                    // In a task the application runs only once the shard yields: the events'
+                    // reads and the arm wait until it has (the reply it posts goes first). The
+                    // readiness is kept, so the next turn comes back here, then reads them.
+                    shard.unread[d] = true;
+                    yield_first = true;
+                } else {
+                    // Drain every event, then clear readiness: an edge is never lost.
+                    shard.drain_cq_events(d);
+                    guard.clear_ready();
+                    shard.unread[d] = false;
+                }
             }
             Wake::Cmd(Some(cmd)) => {
                 shard.on_cmd(cmd);
@@ -375,6 +395,19 @@ async fn drive<'s, 'c>(
             Wake::Spin => {}
         }
         shard.flush_dirty();
+        if yield_first {
+            tokio::task::yield_now().await;
+            // What the woken tasks asked for goes first, before the events' read and the arm:
+            // a reply posted while the CQ is unarmed raises no event (rxe completes a send
+            // inside its post), so it costs no wake-up of its own.
+            while let Ok(cmd) = rx.try_recv() {
+                shard.on_cmd(cmd);
+            }
+            while let Ok((conn, slot)) = slots_rx.try_recv() {
+                shard.on_slot_back(conn, slot);
+            }
+            shard.flush_dirty();
+        }
     }
     drop(comp_fds);
     drop(cm_fd);

@@ -8,6 +8,11 @@
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV6};
 use std::time::Duration;
 
+#[path = "../../../evchan-core/tests/support/cpu.rs"]
+mod cpu;
+#[allow(unused_imports)]
+pub use cpu::thread_cpu_ticks;
+
 /// The soft-RoCE VM's IPv4 address (on `dummy0`).
 pub const VM_IPV4: Ipv4Addr = Ipv4Addr::new(169, 254, 77, 1);
 /// The soft-RoCE VM's IPv6 link-local address (on `dummy0`).
