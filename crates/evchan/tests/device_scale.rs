@@ -26,7 +26,8 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use evchan::{Config, Connection, Error, Listener};
 use support::{
-    fd_count, fd_targets, port, rss_kib, step, user_rdma_resources, v4, wait_runtime_gone,
+    bound_tcp_id, fd_count, fd_targets, port, rss_kib, step, user_rdma_resources, v4,
+    wait_runtime_gone,
 };
 
 const CONNS: u32 = 256;
@@ -568,9 +569,8 @@ fn bound_listener_alone_leaves_no_rdma_resources() {
 /// the other tests allow is this one; if librdmacm changes, this test says so.
 #[test]
 fn librdmacm_keeps_its_device_pd() {
-    use evchan_core::cm::PortSpace;
     use evchan_core::verbs::{Context, Pd};
-    use evchan_core::{CmId, EventChannel};
+    use evchan_core::EventChannel;
     require_device!();
     wait_runtime_gone();
     let pds = |what: &str| {
@@ -586,11 +586,7 @@ fn librdmacm_keeps_its_device_pd() {
     }
     {
         let ch = EventChannel::new().unwrap();
-        let id = CmId::new(&ch, PortSpace::Tcp)
-            .unwrap()
-            .bind(v4(0))
-            .map_err(|e| e.error)
-            .unwrap();
+        let id = bound_tcp_id(&ch);
         assert_eq!(
             pds("binding an id, no device list taken").len(),
             1,
@@ -610,11 +606,7 @@ fn librdmacm_keeps_its_device_pd() {
     drop(pd);
     assert_eq!(pds("dropping the Pd"), before, "our own PD is freed");
     let ch = EventChannel::new().unwrap();
-    let id = CmId::new(&ch, PortSpace::Tcp)
-        .unwrap()
-        .bind(v4(0))
-        .map_err(|e| e.error)
-        .unwrap();
+    let id = bound_tcp_id(&ch);
     let bound = pds("binding an id with the device list taken");
     assert_eq!(bound.len(), 1, "librdmacm's PD");
     drop(id);

@@ -164,20 +164,27 @@ pub fn wait_runtime_gone() {
 /// `librdmacm_keeps_its_device_pd`). A test that counts PDs before and after then counts that
 /// one in both, whichever of its objects goes last.
 pub fn pin_librdmacm_pd() {
-    use evchan_core::cm::PortSpace;
     use evchan_core::verbs::Context;
-    use evchan_core::{CmId, EventChannel};
+    use evchan_core::EventChannel;
     wait_runtime_gone();
     let ctxs = Context::rdma_cm_devices().unwrap();
     let ch = EventChannel::new().unwrap();
-    let id = CmId::new(&ch, PortSpace::Tcp)
-        .unwrap()
-        .bind(v4(0))
-        .map_err(|e| e.error)
-        .unwrap();
+    let id = bound_tcp_id(&ch);
     drop(id);
     drop(ch);
     drop(ctxs);
+}
+
+/// A TCP-port-space id on `ch`, bound to the VM's IPv4 address (any port): the first id
+/// bound to a device, which makes librdmacm allocate its PD of that device.
+pub fn bound_tcp_id(
+    ch: &evchan_core::EventChannel,
+) -> evchan_core::CmId<'_, evchan_core::cm::state::Bound> {
+    evchan_core::CmId::new(ch, evchan_core::cm::PortSpace::Tcp)
+        .unwrap()
+        .bind(v4(0))
+        .map_err(|e| e.error)
+        .unwrap()
 }
 
 /// What each open file descriptor of this process points to.
