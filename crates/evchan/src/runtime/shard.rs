@@ -400,12 +400,7 @@ async fn drive<'s, 'c>(
             // What the woken tasks asked for goes first, before the events' read and the arm:
             // a reply posted while the CQ is unarmed raises no event (rxe completes a send
             // inside its post), so it costs no wake-up of its own.
-            while let Ok(cmd) = rx.try_recv() {
-                shard.on_cmd(cmd);
-            }
-            while let Ok((conn, slot)) = slots_rx.try_recv() {
-                shard.on_slot_back(conn, slot);
-            }
+            shard.take_queued(&mut rx, &mut slots_rx);
             shard.flush_dirty();
         }
     }

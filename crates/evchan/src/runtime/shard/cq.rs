@@ -86,15 +86,7 @@ impl<'s, 'c> Shard<'s, 'c> {
         let mut busy_since_read = false;
         let mut spins = 0u32;
         loop {
-            let mut busy = false;
-            while let Ok(cmd) = rx.try_recv() {
-                self.on_cmd(cmd);
-                busy = true;
-            }
-            while let Ok((conn, slot)) = slots_rx.try_recv() {
-                self.on_slot_back(conn, slot);
-                busy = true;
-            }
+            let mut busy = self.take_queued(rx, slots_rx);
             for d in 0..self.env.cqs.len() {
                 busy |= self.poll_cq(d) > 0;
             }
@@ -126,6 +118,25 @@ impl<'s, 'c> Shard<'s, 'c> {
                 }
             }
         }
+    }
+
+    /// Handles every command and returned slot already queued, without waiting; whether
+    /// there was any.
+    pub(super) fn take_queued(
+        &mut self,
+        rx: &mut mpsc::UnboundedReceiver<Cmd>,
+        slots_rx: &mut mpsc::UnboundedReceiver<(ConnId, Slot)>,
+    ) -> bool {
+        let mut any = false;
+        while let Ok(cmd) = rx.try_recv() {
+            self.on_cmd(cmd);
+            any = true;
+        }
+        while let Ok((conn, slot)) = slots_rx.try_recv() {
+            self.on_slot_back(conn, slot);
+            any = true;
+        }
+        any
     }
 
     /// Polls the CQ of device `d` until it is empty; how many completions it had.
