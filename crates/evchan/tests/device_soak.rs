@@ -48,7 +48,8 @@ const WARM_UP: u32 = 200;
 const IN_FLIGHT: usize = 48;
 /// Round trips of a full exchange.
 const MSGS: u32 = 3;
-/// RSS growth allowed over the soak, after `malloc_trim(0)` at both ends. Measured in the VM
+/// RSS growth allowed over the soak, after `malloc_trim(0)` at both ends and with transparent
+/// huge pages off for the process ([`support::no_huge_pages`]). Measured in the VM
 /// (docs/RELIABILITY.md has the runs): RSS grows by about 1 MiB over the first 1,500 cycles
 /// after the warm-up (tables and allocator arenas reaching their peak size) and then stays
 /// flat. A leak of 420 bytes per cycle (4 MiB over 10,000 cycles) exceeds the tolerance.
@@ -432,6 +433,7 @@ fn listed() -> Vec<(&'static str, usize)> {
 #[test]
 fn ten_thousand_cycles_with_random_drops() {
     require_device!();
+    support::no_huge_pages();
     let seed = std::env::var("EVCHAN_SOAK_SEED")
         .ok()
         .and_then(|s| s.parse().ok())

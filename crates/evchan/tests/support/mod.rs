@@ -252,3 +252,11 @@ pub fn qps_settle_to(n: usize, what: &str) {
 pub fn malloc_trim() {
     evchan_sys::malloc_trim();
 }
+
+/// No transparent huge pages for this process from now on (`prctl(PR_SET_THP_DISABLE)`), so
+/// that [`rss_kib`] grows by the pages touched: with THP `always` (Debian's kernel, in the VM)
+/// khugepaged may fold a 2 MiB range with a few touched pages into one huge page at any time,
+/// a jump of up to 2 MiB with nothing allocated (it failed core's `device_leak` once in CI).
+pub fn no_huge_pages() {
+    evchan_sys::disable_transparent_huge_pages().unwrap();
+}
