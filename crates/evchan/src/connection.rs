@@ -10,7 +10,7 @@ use crate::config::Config;
 use crate::error::{Error, Lost, Result};
 use crate::proto::handshake::HEADER_LEN;
 use crate::proto::Peer;
-use crate::runtime::{Cmd, ConnId, Delivery, Established, Runtime, ShardRef, Shared};
+use crate::runtime::{Cmd, ConnId, ConnectCmd, Delivery, Established, Runtime, ShardRef, Shared};
 
 /// The most user private data `rdma_connect` carries after evchan's handshake (RoCE/IB, TCP
 /// port space: 56 − 16).
@@ -138,13 +138,13 @@ impl ConnectBuilder {
         let rt = Runtime::shared(&self.config)?;
         let shard = rt.pick();
         let (reply, rx) = oneshot::channel();
-        let sent = shard.send(Cmd::Connect {
+        let sent = shard.send(Cmd::Connect(Box::new(ConnectCmd {
             conn: rt.conn_id(),
             addr,
             config: self.config,
             private_data: self.private_data,
             reply,
-        });
+        })));
         if !sent {
             return Err(Error::ConnectionLost(shard.lost()));
         }

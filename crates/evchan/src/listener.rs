@@ -9,7 +9,7 @@ use crate::connection::{
     check_private_data, Connection, MAX_ACCEPT_PRIVATE_DATA, MAX_REJECT_PRIVATE_DATA,
 };
 use crate::error::{Error, Result};
-use crate::runtime::{Cmd, ConnId, Runtime, ShardRef};
+use crate::runtime::{Cmd, ConnId, ListenCmd, Runtime, ShardRef};
 
 /// A listening rdma_cm id (`rdma_bind_addr` + `rdma_listen`), like `tokio::net::TcpListener`.
 ///
@@ -65,12 +65,12 @@ impl Listener {
         let shard = rt.pick();
         let conn = rt.conn_id();
         let (reply, rx) = oneshot::channel();
-        if !shard.send(Cmd::Listen {
+        if !shard.send(Cmd::Listen(Box::new(ListenCmd {
             conn,
             addr,
             config,
             reply,
-        }) {
+        }))) {
             return Err(Error::ConnectionLost(shard.lost()));
         }
         rx.await.map_err(|_| Error::ConnectionLost(shard.lost()))?

@@ -66,8 +66,9 @@ impl Shard<'_, '_> {
 pub(super) fn refuse_removed(cmd: Cmd) {
     let removed = || Error::ConnectionLost(Lost::DeviceRemoved);
     match cmd {
-        Cmd::Connect { reply, .. } | Cmd::Accept { reply, .. } => drop(reply.send(Err(removed()))),
-        Cmd::Listen { reply, .. } => drop(reply.send(Err(removed()))),
+        Cmd::Connect(c) => drop(c.reply.send(Err(removed()))),
+        Cmd::Accept { reply, .. } => drop(reply.send(Err(removed()))),
+        Cmd::Listen(l) => drop(l.reply.send(Err(removed()))),
         Cmd::Close {
             reply: Some(reply), ..
         } => drop(reply.send(())),
