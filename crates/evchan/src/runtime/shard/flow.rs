@@ -110,7 +110,14 @@ impl<'s, 'c> Shard<'s, 'c> {
     // Sending
     // ---------------------------------------------------------------------------------------
 
+    /// Flushes each connection marked since the last flush, once: a connection is often
+    /// marked twice in one turn (its receive, then its send's completion; its command, then
+    /// its returned slot), and a second flush right after the first finds nothing to do.
     pub(super) fn flush_dirty(&mut self) {
+        if self.dirty.len() > 1 {
+            self.dirty.sort_unstable();
+            self.dirty.dedup();
+        }
         while let Some(conn) = self.dirty.pop() {
             self.flush(conn);
         }
