@@ -185,10 +185,9 @@ impl<'ctx> CompChannel<'ctx> {
     ) -> Result<usize> {
         // A timeout past what `Instant` represents (e.g. `Duration::MAX`) waits forever.
         let deadline = timeout.and_then(deadline_after);
-        let mut buf = [ffi::RawWc::default(); ffi::POLL_BATCH];
         loop {
             // Step 1.
-            let n = drain(cqs, &mut buf, &mut on_wc)?;
+            let n = drain(cqs, &mut on_wc)?;
             if n > 0 {
                 return Ok(n);
             }
@@ -197,7 +196,7 @@ impl<'ctx> CompChannel<'ctx> {
                 self.read_events(cqs)?;
             }
             // Steps 3-4.
-            let n = arm_and_drain(cqs, &mut buf, &mut on_wc)?;
+            let n = arm_and_drain(cqs, &mut on_wc)?;
             if n > 0 {
                 return Ok(n);
             }
@@ -352,12 +351,8 @@ impl AsyncWaiter<'_, '_> {
 
         let readable = &self.readable;
         loop {
-            // One turn without awaiting (its buffer is not kept in the future).
-            let n = poll_fn(|cx| {
-                let mut buf = [ffi::RawWc::default(); ffi::POLL_BATCH];
-                Poll::Ready(self.turn(cqs, cx, &mut buf, &mut on_wc))
-            })
-            .await?;
+            // One turn without awaiting.
+            let n = poll_fn(|cx| Poll::Ready(self.turn(cqs, cx, &mut on_wc))).await?;
             if n > 0 {
                 return Ok(n);
             }
@@ -372,10 +367,9 @@ impl AsyncWaiter<'_, '_> {
         &self,
         cqs: &[&Cq<'_>],
         cx: &mut std::task::Context<'_>,
-        buf: &mut [ffi::RawWc; ffi::POLL_BATCH],
         on_wc: &mut impl FnMut(usize, WorkCompletion),
     ) -> Result<usize> {
-        let n = drain(cqs, buf, on_wc)?;
+        let n = drain(cqs, on_wc)?;
         if n > 0 {
             return Ok(n);
         }
@@ -384,7 +378,7 @@ impl AsyncWaiter<'_, '_> {
             self.channel.read_events(cqs)?;
             guard.clear_ready();
         }
-        arm_and_drain(cqs, buf, on_wc)
+        arm_and_drain(cqs, on_wc)
     }
 }
 
@@ -392,34 +386,31 @@ impl AsyncWaiter<'_, '_> {
 /// completions were handed to `on_wc`.
 fn arm_and_drain(
     cqs: &[&Cq<'_>],
-    buf: &mut [ffi::RawWc; ffi::POLL_BATCH],
     on_wc: &mut impl FnMut(usize, WorkCompletion),
 ) -> Result<usize> {
     for cq in cqs {
         cq.req_notify(false)?;
     }
-    drain(cqs, buf, on_wc)
+    drain(cqs, on_wc)
 }
 
-/// Polls every CQ until empty; returns how many completions were handed to `on_wc`.
-fn drain(
-    cqs: &[&Cq<'_>],
-    buf: &mut [ffi::RawWc; ffi::POLL_BATCH],
-    on_wc: &mut impl FnMut(usize, WorkCompletion),
-) -> Result<usize> {
+/// Polls every CQ until empty; returns how many completions were handed to `on_wc`. Each
+/// completion goes to `on_wc` straight from the provider's batch (`poll_each`'s uninitialised
+/// buffer: nothing is zeroed, or copied twice, for a turn's poll).
+fn drain(cqs: &[&Cq<'_>], on_wc: &mut impl FnMut(usize, WorkCompletion)) -> Result<usize> {
     let mut total = 0;
     for (i, cq) in cqs.iter().enumerate() {
         // At most one CQ's worth per call, so a busy CQ cannot starve the caller (or the other
         // CQs); what is left is found by the next poll, before any sleep.
-        let mut budget = cq.capacity() as usize + buf.len();
+        let mut budget = cq.capacity() as usize + ffi::POLL_BATCH;
         while budget > 0 {
-            let n = cq.raw.poll(buf).map_err(Error::io("ibv_poll_cq"))?;
-            for &raw in &buf[..n] {
-                on_wc(i, WorkCompletion { raw });
-            }
+            let n = cq
+                .raw
+                .poll_each(ffi::POLL_BATCH, |raw| on_wc(i, WorkCompletion { raw }))
+                .map_err(Error::io("ibv_poll_cq"))?;
             total += n;
-            budget = budget.saturating_sub(buf.len());
-            if n < buf.len() {
+            budget = budget.saturating_sub(ffi::POLL_BATCH);
+            if n < ffi::POLL_BATCH {
                 break;
             }
         }

@@ -223,16 +223,6 @@ impl<'ch> Cq<'ch> {
         sys::cvt_errno(ret)
     }
 
-    /// `ibv_poll_cq` for at most `min(out.len(), POLL_BATCH)` completions.
-    pub(crate) fn poll(&self, out: &mut [RawWc]) -> io::Result<usize> {
-        let mut k = 0;
-        let max = out.len();
-        self.poll_each(max, |wc| {
-            out[k] = wc;
-            k += 1;
-        })
-    }
-
     /// `ibv_poll_cq` for at most `max` (≤ [`POLL_BATCH`]) completions, each handed to `each`
     /// in order; how many came. The provider writes into an uninitialised buffer: nothing is
     /// zeroed or copied for entries that do not come.
