@@ -384,10 +384,7 @@ impl AsyncWaiter<'_, '_> {
 
 /// Steps 3-4 of [`CompChannel::wait`]: arms every CQ and polls them again. How many
 /// completions were handed to `on_wc`.
-fn arm_and_drain(
-    cqs: &[&Cq<'_>],
-    on_wc: &mut impl FnMut(usize, WorkCompletion),
-) -> Result<usize> {
+fn arm_and_drain(cqs: &[&Cq<'_>], on_wc: &mut impl FnMut(usize, WorkCompletion)) -> Result<usize> {
     for cq in cqs {
         cq.req_notify(false)?;
     }
