@@ -32,6 +32,7 @@ mod flow;
 mod keepalive;
 mod retire;
 mod setup;
+mod sources;
 
 use self::retire::refuse_removed;
 
@@ -166,6 +167,11 @@ enum Wake<'f, 's> {
 
 /// How many kinds of [`Wake`] a shard looks at.
 const WAKE_SOURCES: usize = 8;
+/// The one kind that is not a source with a waker of its own: a busy poll's next round.
+const SPIN: usize = WAKE_SOURCES - 1;
+/// The sources of the deadline and keepalive timers, marked due again when they are reset.
+const DEADLINE: usize = 5;
+const KEEPALIVE: usize = 6;
 
 /// How a busy poll ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -253,6 +259,7 @@ async fn drive<'s, 'c>(
     let mut deadline_sleep = std::pin::pin!(tokio::time::sleep_until(tokio::time::Instant::now()));
     let mut deadline_armed: Option<Instant> = None;
     let mut turn = 0usize;
+    let mut sources = sources::Sources::new(SPIN);
     let multi_shard = shard.env.peers.len() > 1;
     loop {
         if shard.retired {
@@ -289,23 +296,44 @@ async fn drive<'s, 'c>(
         if deadline != deadline_armed {
             if let Some(at) = deadline {
                 deadline_sleep.as_mut().reset(at.into());
+                sources.keep(1 << DEADLINE);
             }
             deadline_armed = deadline;
         }
         if shard.keepalive_at != keepalive_armed {
             if let Some(at) = shard.keepalive_at {
                 keepalive.as_mut().reset(at.into());
+                sources.keep(1 << KEEPALIVE);
             }
             keepalive_armed = shard.keepalive_at;
         }
         // What woke the shard: one source per turn, looked at from a different one each turn
         // so that none starves the others. Polled by hand rather than through `select!`,
-        // which makes, registers and drops a future per source on every turn.
+        // which makes, registers and drops a future per source on every turn; and only the
+        // sources whose own waker fired since they last returned `Pending` (see `sources`).
         turn = turn.wrapping_add(1);
         let mut yield_first = false;
         let woke = poll_fn(|cx| {
+            let due = sources.take(cx);
+            // Due sources not polled yet, or not polled at all (their condition is off).
+            let mut keep = due;
             for k in 0..WAKE_SOURCES {
-                let ready = match (turn + k) % WAKE_SOURCES {
+                let source = (turn + k) % WAKE_SOURCES;
+                if source == SPIN {
+                    // Busy-polling in a task: look at everything else without sleeping.
+                    if spinning {
+                        sources.keep(keep);
+                        return Poll::Ready(Wake::Spin);
+                    }
+                    continue;
+                }
+                let bit = 1 << source;
+                if due & bit == 0 {
+                    continue;
+                }
+                let mut cx = std::task::Context::from_waker(sources.waker(source));
+                let cx = &mut cx;
+                let ready = match source {
                     0 => cm_fd.poll_ready(cx).map(Wake::Cm),
                     1 => comp_fds
                         .iter()
@@ -325,20 +353,24 @@ async fn drive<'s, 'c>(
                         Poll::Ready(Some((conn, slot))) => Poll::Ready(Wake::SlotBack(conn, slot)),
                         _ => Poll::Pending,
                     },
-                    5 if deadline_armed.is_some() => {
+                    DEADLINE if deadline_armed.is_some() => {
                         deadline_sleep.as_mut().poll(cx).map(|()| Wake::Deadline)
                     }
-                    6 if keepalive_armed.is_some() => {
+                    KEEPALIVE if keepalive_armed.is_some() => {
                         keepalive.as_mut().poll(cx).map(|()| Wake::Keepalive)
                     }
-                    // Busy-polling in a task: look at everything else without sleeping.
-                    7 if spinning => Poll::Ready(Wake::Spin),
-                    _ => Poll::Pending,
+                    // Not polled: it stays due.
+                    _ => continue,
                 };
                 if ready.is_ready() {
+                    // Ready sources stay due: there may be more (the handlers drain what they
+                    // can without waiting, and the next turn finds the source `Pending`).
+                    sources.keep(keep);
                     return ready;
                 }
+                keep &= !bit;
             }
+            sources.keep(keep);
             Poll::Pending
         })
         .await;
