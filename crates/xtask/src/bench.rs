@@ -13,6 +13,11 @@
 //! `--save NAME` keeps the run as criterion's baseline NAME and its ratios in
 //! `target/criterion/evchan-ratios-NAME.json`; `--compare NAME` runs against criterion's
 //! baseline NAME and flags every ratio more than 5 % worse than the saved one (exit status 1).
+//! The ratios are, per criterion row, its time ratio, its paired ratio and its instruction
+//! ratio, and the ratios of the tools run's rows (`bench_tools`; without the `spin`
+//! yardstick and the 1-channel rows, whose ratio is 1 by construction). Worse is larger, but
+//! for the events/s rows (n channels ÷ 1), where it is smaller. `--tools` alone saves and
+//! compares the tools' ratios only. Every run is also saved as `last`.
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -22,13 +27,14 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use crate::bench_tools::ROW_PREFIX;
 use crate::cargo::{executables, run_lines};
 use crate::test::Place;
 use crate::{host_has_active_rdma_port, target_dir, vm, Result};
 
 mod report;
 
-use report::{Instructions, Ratios};
+use report::{Instructions, Measure, Ratios};
 
 /// Criterion options for every run: short under TCG, no plots, plain text.
 const CRITERION_ARGS: &[&str] = &[
@@ -91,6 +97,9 @@ struct Options {
     callgrind: bool,
     /// Also the comparisons with rdma-core's tools (not with `--no-tools` or criterion ARGS).
     tools: bool,
+    /// Only the comparisons with rdma-core's tools (`--tools`), shorter with `--quick`.
+    tools_only: bool,
+    quick: bool,
     criterion: Vec<String>,
 }
 
@@ -121,6 +130,8 @@ fn options(args: &[String]) -> Result<Options> {
             "--vm" => o.force_vm = true,
             "--no-callgrind" => o.callgrind = false,
             "--no-tools" => o.tools = false,
+            "--tools" => o.tools_only = true,
+            "--quick" => o.quick = true,
             "--save" => o.save = Some(name("--save")?),
             "--compare" => o.compare = Some(name("--compare")?),
             "--" => {
@@ -134,6 +145,14 @@ fn options(args: &[String]) -> Result<Options> {
             }
         }
     }
+    if o.tools_only && (!o.tools || !o.criterion.is_empty()) {
+        return Err(
+            "bench: --tools runs only the tools, without criterion's ARGS or --no-tools".into(),
+        );
+    }
+    if o.quick && !o.tools_only {
+        return Err("bench: --quick goes with --tools".into());
+    }
     if !o.criterion.is_empty() {
         o.tools = false;
     }
@@ -143,24 +162,113 @@ fn options(args: &[String]) -> Result<Options> {
     Ok(o)
 }
 
-/// The comparisons with rdma-core's tools (`bench_tools`), in a VM boot of their own, written
-/// into their part of docs/BENCHMARKS.md.
-fn tools(quick: bool) -> Result<()> {
-    let section = crate::bench_tools::run(quick)?;
+/// The tools run's tracked ratios, among a run's.
+fn add_tools(ratios: &mut Ratios, tools: &[crate::bench_tools::ToolRatio]) {
+    for t in tools {
+        let m = if t.higher_is_better {
+            Measure::Rate
+        } else {
+            Measure::Tools
+        };
+        ratios.push(&t.name, m, t.ratio);
+    }
+}
+
+/// `--compare` and `--save` of a run's ratios (`saved`: the compared run's, loaded before the
+/// run so that a wrong NAME fails at once); the run is also saved as `last`. The flagged
+/// measures (`ROW (MEASURE)`), empty without `--compare`.
+fn track(
+    ratios: &Ratios,
+    home: &Path,
+    opts: &Options,
+    saved: Option<&Ratios>,
+) -> Result<Vec<String>> {
+    let mut worse = Vec::new();
+    if let (Some(name), Some(saved)) = (&opts.compare, saved) {
+        let (text, flagged) = ratios.compare(saved, name);
+        print!("{text}");
+        worse = flagged;
+    }
+    if let Some(name) = &opts.save {
+        let path = ratios.save(home, name)?;
+        println!("ratios saved to {}", path.display());
+    }
+    ratios.save(home, "last")?;
+    Ok(worse)
+}
+
+/// The compared run's saved ratios, where `--compare` names one.
+fn saved(home: &Path, opts: &Options) -> Result<Option<Ratios>> {
+    opts.compare
+        .as_deref()
+        .map(|name| Ratios::load(home, name))
+        .transpose()
+}
+
+/// `cargo xtask bench --tools [--quick] [--save NAME | --compare NAME]`: the comparisons with
+/// rdma-core's tools (`bench_tools`) alone, in a VM boot of their own, written into their part
+/// of docs/BENCHMARKS.md; only their ratios are saved or compared.
+fn tools_alone(opts: &Options) -> Result<i32> {
+    let home = target_dir().join("criterion");
+    let saved = saved(&home, opts)?;
+    let (section, tools) = crate::bench_tools::run(opts.quick)?;
+    let mut ratios = Ratios::default();
+    add_tools(&mut ratios, &tools);
+    let worse = track(&ratios, &home, opts, saved.as_ref())?;
+    write_tools_section(&section, opts, &worse)?;
+    Ok(i32::from(flagged(opts, &worse)))
+}
+
+/// Writes the tools' section into docs/BENCHMARKS.md, with the outcome of `--compare` for its
+/// rows.
+fn write_tools_section(section: &str, opts: &Options, worse: &[String]) -> Result<()> {
+    let mut section = section.trim_end().to_owned();
+    if let Some(name) = &opts.compare {
+        let tools: Vec<String> = worse
+            .iter()
+            .filter(|w| w.starts_with(ROW_PREFIX))
+            .cloned()
+            .collect();
+        section.push_str("\n\n");
+        section.push_str(&report::compared_line(name, &tools));
+    }
     report::write_tools(&crate::root().join("docs").join("BENCHMARKS.md"), &section)?;
     println!("wrote the comparisons with rdma-core's tools into docs/BENCHMARKS.md");
     Ok(())
 }
 
+/// Says so on stderr when `--compare` flagged ratios; whether it did.
+fn flagged(opts: &Options, worse: &[String]) -> bool {
+    if !worse.is_empty() {
+        eprintln!(
+            "xtask: {} ratio(s) more than 5 % worse than saved run {}: {}",
+            worse.len(),
+            opts.compare.as_deref().unwrap_or_default(),
+            worse.join("; ")
+        );
+    }
+    !worse.is_empty()
+}
+
 /// `cargo xtask bench [--vm] [--save NAME | --compare NAME] [--no-callgrind] [--no-tools]
 /// [-- ARGS...]`, or `cargo xtask bench --tools [--quick]`
 pub fn run(args: &[String]) -> Result<i32> {
-    if args.iter().any(|a| a == "--tools") {
-        tools(args.iter().any(|a| a == "--quick"))?;
-        return Ok(0);
-    }
     let started = Instant::now();
     let opts = options(args)?;
+    if opts.tools_only {
+        return tools_alone(&opts);
+    }
+    let home = target_dir().join("criterion");
+    let saved = saved(&home, &opts)?;
+    if let (Some(name), Some(saved)) = (&opts.compare, &saved) {
+        if !saved.has_criterion_rows() {
+            return Err(format!(
+                "bench: saved run {name} holds the tools' ratios only (`--tools --save {name}`), \
+                 and criterion has no baseline {name}: compare it with `cargo xtask bench \
+                 --tools --compare {name}`"
+            ));
+        }
+    }
     let place = if !opts.force_vm && host_has_active_rdma_port() {
         Place::Native
     } else {
@@ -200,7 +308,6 @@ pub fn run(args: &[String]) -> Result<i32> {
             extra.push_str(&paired_lines(exe, figure, variant, *block, *pairs));
         }
     }
-    let home = target_dir().join("criterion");
     let load_start = load_average();
     let mut counts = Instructions::default();
     let watch = Watch::start(usize::from(place == Place::Vm));
@@ -219,7 +326,7 @@ pub fn run(args: &[String]) -> Result<i32> {
         Place::Native => "on this host's RDMA device".to_owned(),
     };
     let figures = report::figures(&home)?;
-    let ratios = Ratios::of(&figures, &counts);
+    let mut ratios = Ratios::of(&figures, &counts);
     let table = report::table(&figures, &counts);
     println!();
     println!("benchmarks {where_} (medians of criterion's samples):");
@@ -241,24 +348,23 @@ pub fn run(args: &[String]) -> Result<i32> {
              CPUs: the two sides of a ratio may have run under different loads"
         ));
     }
-    let mut worse = Vec::new();
-    if let Some(name) = &opts.compare {
-        let saved = Ratios::load(&home, name)?;
-        let (text, flagged) = ratios.compare(&saved, name);
-        print!("{text}");
-        worse = flagged;
+
+    // The tools run before the ratios are compared and saved, so that its ratios are among
+    // them; a failure of it is returned once criterion's part is written.
+    let tools = opts.tools.then(|| crate::bench_tools::run(false));
+    if let Some(Ok((_, t))) = &tools {
+        add_tools(&mut ratios, t);
     }
-    if let Some(name) = &opts.save {
-        let path = ratios.save(&home, name)?;
-        println!("ratios saved to {}", path.display());
-    }
-    ratios.save(&home, "last")?;
+    let worse = track(&ratios, &home, &opts, saved.as_ref())?;
     let run = report::Run {
         where_: where_.clone(),
         criterion: criterion.join(" "),
         took,
         warnings: warnings.clone(),
-        compared: opts.compare.clone().map(|n| (n, worse.clone())),
+        compared: opts.compare.clone().map(|n| {
+            let own = worse.iter().filter(|w| !w.starts_with(ROW_PREFIX)).cloned();
+            (n, own.collect())
+        }),
     };
     let docs = crate::root().join("docs");
     report::write_markdown(&docs.join("BENCHMARKS.md"), &run, &figures, &counts)?;
@@ -267,9 +373,10 @@ pub fn run(args: &[String]) -> Result<i32> {
     for w in &warnings {
         println!("warning: {w}; rerun on an idle host");
     }
-
-    if opts.tools {
-        tools(false)?;
+    match tools {
+        Some(Ok((section, _))) => write_tools_section(&section, &opts, &worse)?,
+        Some(Err(e)) => return Err(e),
+        None => {}
     }
 
     let complete = report::complete(&figures);
@@ -279,14 +386,8 @@ pub fn run(args: &[String]) -> Result<i32> {
     if !complete {
         eprintln!("xtask: a group has no `{BASELINE}` baseline or no samples were read");
     }
-    if !worse.is_empty() {
-        eprintln!(
-            "xtask: {} ratio(s) more than 5 % worse than saved run {}",
-            worse.len(),
-            opts.compare.as_deref().unwrap_or_default()
-        );
-    }
-    Ok(i32::from(!(ok && complete && worse.is_empty())))
+    let flagged = flagged(&opts, &worse);
+    Ok(i32::from(!(ok && complete && !flagged)))
 }
 
 /// The shell lines that run one operation under callgrind and print its count between markers
@@ -545,5 +646,36 @@ mod tests {
         assert!(options(&a(&["--save", "../x"])).is_err());
         assert!(!options(&a(&["--no-callgrind"])).unwrap().callgrind);
         assert!(options(&a(&["--frob"])).is_err());
+        let o = options(&a(&["--tools", "--quick", "--compare", "w"])).unwrap();
+        assert!(o.tools_only && o.quick);
+        assert_eq!(o.compare.as_deref(), Some("w"));
+        assert!(
+            options(&a(&["--quick"])).is_err(),
+            "--quick without --tools"
+        );
+        assert!(options(&a(&["--tools", "--no-tools"])).is_err());
+        assert!(options(&a(&["--tools", "--", "poll"])).is_err());
+    }
+
+    #[test]
+    fn tools_ratios_are_tracked_with_their_direction() {
+        use crate::bench_tools::ToolRatio;
+        let t = |name: &str, ratio: f64, higher_is_better: bool| ToolRatio {
+            name: name.into(),
+            ratio,
+            higher_is_better,
+        };
+        let mut saved = Ratios::default();
+        add_tools(
+            &mut saved,
+            &[t("tools: setup", 0.8, false), t("tools: 4 ch", 1.4, true)],
+        );
+        let mut now = Ratios::default();
+        add_tools(
+            &mut now,
+            &[t("tools: setup", 0.9, false), t("tools: 4 ch", 1.6, true)],
+        );
+        let (text, worse) = now.compare(&saved, "s");
+        assert_eq!(worse, vec!["tools: setup (ratio)".to_owned()], "{text}");
     }
 }

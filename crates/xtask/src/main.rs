@@ -60,15 +60,18 @@ tasks:
                         under callgrind in the same boot (--no-callgrind: not). Prints each
                         figure's median against its raw-FFI baseline's and writes
                         docs/BENCHMARKS.md and docs/bench-latency.svg. --save NAME: keep the run
-                        as criterion's baseline NAME, its ratios in
+                        as criterion's baseline NAME, its ratios (criterion's time, paired,
+                        instructions, and the tools run's) in
                         target/criterion/evchan-ratios-NAME.json; --compare NAME: compare
                         against them, flag each ratio more than 5 % worse, and exit 1 if any is.
                         ARGS go to criterion (e.g. a filter). Then, unless --no-tools or ARGS,
                         `bench --tools` below, in a VM boot of its own.
-  bench --tools [--quick] against rdma-core's tools in one VM boot: connection setup step by step
+  bench --tools [--quick] [--save NAME | --compare NAME]
+                        against rdma-core's tools in one VM boot: connection setup step by step
                         vs cmtime, 64 B ping-pong vs ib_send_lat -R [-e], CM events/s through
                         1, 2, 4 channels; prints a markdown section and writes it into its part
-                        of docs/BENCHMARKS.md (--quick: fewer rounds)
+                        of docs/BENCHMARKS.md (--quick: fewer rounds); --save / --compare as
+                        above, with the tools' ratios only
   demo [--vm] [OPTS]    build examples/echo_server.rs and echo_client.rs and run them against a
                         device (the VM by default): 4 connections × 250 ping-pongs of 64 bytes;
                         prints setup times, round-trip percentiles (p50/p99/p99.9), messages/s

@@ -44,6 +44,7 @@ use crate::cargo::cargo;
 use crate::{target_dir, vm, Result};
 
 use parse::Results;
+pub use report::{ToolRatio, ROW_PREFIX};
 use script::script;
 
 /// The VM's address on rxe0 (cmtime and perftest do not take the IPv6 link-local form).
@@ -101,8 +102,8 @@ struct Plan {
 }
 
 /// Builds the programs, runs them and the tools in one VM boot, prints the markdown section
-/// and returns it.
-pub fn run(quick: bool) -> Result<String> {
+/// and returns it, with the ratios of its rows that `--save` / `--compare` track.
+pub fn run(quick: bool) -> Result<(String, Vec<ToolRatio>)> {
     let plan = if quick {
         Plan {
             cm_rounds: 3,
@@ -152,14 +153,14 @@ pub fn run(quick: bool) -> Result<String> {
     })?;
     let section = results.section(&plan, started.elapsed(), &load_before, &loadavg());
     println!();
-    print!("{section}");
+    print!("{}", section.text);
     if outcome.code != 0 {
         return Err(format!(
             "the tools run in the VM failed (status {}); see above",
             outcome.code
         ));
     }
-    Ok(section)
+    Ok((section.text, section.ratios))
 }
 
 /// The host's load averages (`/proc/loadavg`'s first three fields).

@@ -195,7 +195,7 @@ mod tests {
             iters: 500,
             event_rounds: 1,
         };
-        let s = r.section(&plan, Duration::from_secs(1), "1", "1");
+        let s = r.section(&plan, Duration::from_secs(1), "1", "1").text;
         assert!(
             s.contains("| raw: connect | 5189 | 14428 | 0.36 | 501084 | 0 % |"),
             "{s}"
@@ -260,7 +260,7 @@ mod tests {
             iters: 300,
             event_rounds: 1,
         };
-        let s = r.section(&plan, Duration::from_secs(1), "1", "1");
+        let s = r.section(&plan, Duration::from_secs(1), "1", "1").text;
         for want in [
             "| RTT p50, busy-poll, threads vs `ib_send_lat -R` | 250 | 25.0 | 10.00 | 1000 / 80.0 | 0 % | ≤ 1.15 | **no** |",
             "| RTT p99, busy-poll, threads vs `ib_send_lat -R` | 1000 | 80.0 | 12.50 |  | 0 % |  |  |",
@@ -304,7 +304,19 @@ mod tests {
             iters: 300,
             event_rounds: 1,
         };
-        let s = r.section(&plan, Duration::from_secs(1), "1", "1");
+        let section = r.section(&plan, Duration::from_secs(1), "1", "1");
+        // Tracked: the rate of drain's 4 channels, larger being better; not `spin` (the VM's
+        // yardstick), not the 1-channel rows (1 by construction), not the rows without figures.
+        let tracked: Vec<_> = section
+            .ratios
+            .iter()
+            .map(|t| (t.name.as_str(), t.ratio, t.higher_is_better))
+            .collect();
+        assert_eq!(
+            tracked,
+            vec![("tools: drain: events/s, 4 ch ÷ 1 ch", 1.6, true)]
+        );
+        let s = section.text;
         for want in [
             "| drain: events/s, 4 ch ÷ 1 ch | 80000 | 50000 | 1.60 |  | 0 % | ≥ 1.50 | yes |",
             "| drain: events/s, 2 ch ÷ 1 ch | – | 50000 | – |  | – |  |  |",

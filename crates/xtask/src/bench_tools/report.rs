@@ -1,7 +1,7 @@
 //! Rendering the tools run's markdown section from [`Results`]: the tables, their rows,
-//! ratios, targets and medians.
+//! ratios, targets and medians; and the ratios it tracks (`--save` / `--compare`).
 
-use std::fmt::Write as _;
+use std::fmt::{self, Write as _};
 use std::time::Duration;
 
 use super::parse::Results;
@@ -10,9 +10,54 @@ use super::{
     LAYERS, STEPS,
 };
 
+/// What begins the name of every tracked ratio of the tools run (and of no criterion row).
+pub const ROW_PREFIX: &str = "tools: ";
+
+/// One tracked ratio of the tools run: its row's name (prefixed `tools: `, without markdown
+/// emphasis), its value, and whether a larger value is better (the events/s rows).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ToolRatio {
+    pub name: String,
+    pub ratio: f64,
+    pub higher_is_better: bool,
+}
+
+/// The tools run's markdown section, and the ratios of its rows that `--save` / `--compare`
+/// track.
+#[derive(Debug, Default)]
+pub(super) struct Section {
+    pub(super) text: String,
+    pub(super) ratios: Vec<ToolRatio>,
+}
+
+impl Section {
+    fn push_str(&mut self, s: &str) {
+        self.text.push_str(s);
+    }
+}
+
+impl fmt::Write for Section {
+    fn write_str(&mut self, s: &str) -> fmt::Result {
+        self.text.push_str(s);
+        Ok(())
+    }
+}
+
+/// Whether a row's ratio is tracked, and which way is worse.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Track {
+    /// Not tracked: a yardstick of the VM, or a row whose ratio is 1 by construction.
+    No,
+    /// A time: larger is worse.
+    Time,
+    /// A rate: smaller is worse.
+    Rate,
+}
+
 impl Results {
-    pub(super) fn section(&self, plan: &Plan, took: Duration, load0: &str, load1: &str) -> String {
-        let mut out = String::from("## Against rdma-core's tools\n\n");
+    pub(super) fn section(&self, plan: &Plan, took: Duration, load0: &str, load1: &str) -> Section {
+        let mut out = Section::default();
+        out.push_str("## Against rdma-core's tools\n\n");
         let _ = writeln!(
             out,
             "`cargo xtask bench --tools`: one soft-RoCE VM boot (TCG, {} vCPUs), server and client \
@@ -58,6 +103,7 @@ impl Results {
                     base.map(Vec::as_slice),
                     self.cm_p99.get(&key).map(Vec::as_slice),
                     None,
+                    Track::Time,
                 );
             }
             let target = (*layer == "core-shared").then_some(Target::AtMost(1.10));
@@ -68,6 +114,7 @@ impl Results {
                 Some(&base_total),
                 None,
                 target,
+                Track::Time,
             );
         }
         let setup = [
@@ -85,6 +132,7 @@ impl Results {
             Some(&self.sum("cmtime", &setup)),
             self.cm_p99.get(&key("full_connect")).map(Vec::as_slice),
             None,
+            Track::Time,
         );
         row(
             &mut out,
@@ -93,6 +141,7 @@ impl Results {
             Some(&self.sum("cmtime", &["disconnect", "destroy"])),
             self.cm_p99.get(&key("close")).map(Vec::as_slice),
             None,
+            Track::Time,
         );
 
         let _ = write!(
@@ -155,6 +204,7 @@ impl Results {
                     &p99_text,
                     // The target is the async API's; the core rows show the layer under it.
                     (!driver.starts_with("core")).then_some(Target::AtMost(1.15)),
+                    Track::Time,
                 );
                 row_text(
                     &mut out,
@@ -163,6 +213,7 @@ impl Results {
                     &p99(tool_v),
                     "",
                     None,
+                    Track::Time,
                 );
             }
             let (threads, task) = (get("threads"), get("task"));
@@ -177,6 +228,7 @@ impl Results {
                     fmt(median(&p99(threads)))
                 ),
                 None,
+                Track::Time,
             );
         }
 
@@ -242,10 +294,10 @@ impl Results {
             };
             let one = get(1);
             // `spin` is a yardstick, not a goal.
-            let (what, goal) = if *layer == "spin" {
-                ("units/s", None)
+            let (what, goal, track) = if *layer == "spin" {
+                ("units/s", None, Track::No)
             } else {
-                ("events/s", Some(Target::AtLeast(1.5)))
+                ("events/s", Some(Target::AtLeast(1.5)), Track::Rate)
             };
             for c in CHANNELS {
                 let target = goal.filter(|_| *c == 4);
@@ -256,6 +308,7 @@ impl Results {
                     &one,
                     "",
                     target,
+                    if *c == 1 { Track::No } else { track },
                 );
             }
         }
@@ -274,12 +327,13 @@ enum Target {
 
 /// A table row whose p99 column is the median of the rounds' p99s.
 fn row(
-    out: &mut String,
+    out: &mut Section,
     name: &str,
     ours: Option<&[f64]>,
     base: Option<&[f64]>,
     p99: Option<&[f64]>,
     target: Option<Target>,
+    track: Track,
 ) {
     let p99 = p99.map_or_else(String::new, |p| fmt(median(p)));
     row_text(
@@ -289,16 +343,19 @@ fn row(
         base.unwrap_or_default(),
         &p99,
         target,
+        track,
     );
 }
 
+/// A table row, and its ratio among the tracked ones (where it has one and `track` says so).
 fn row_text(
-    out: &mut String,
+    out: &mut Section,
     name: &str,
     ours: &[f64],
     base: &[f64],
     p99: &str,
     target: Option<Target>,
+    track: Track,
 ) {
     let (o, b) = (median(ours), median(base));
     let ratio = match (o, b) {
@@ -330,6 +387,13 @@ fn row_text(
         ratio.map_or_else(|| "–".into(), |r| format!("{r:.2}")),
         spread.unwrap_or_else(|| "–".into()),
     );
+    if let Some(r) = ratio.filter(|r| r.is_finite() && track != Track::No) {
+        out.ratios.push(ToolRatio {
+            name: format!("{ROW_PREFIX}{}", name.replace("**", "")),
+            ratio: r,
+            higher_is_better: track == Track::Rate,
+        });
+    }
 }
 
 fn yes(b: bool) -> String {
@@ -368,20 +432,23 @@ mod tests {
         assert_eq!(median(&[3.0, 1.0, 2.0]), Some(2.0));
         assert_eq!(median(&[4.0, 1.0]), Some(2.5));
         assert_eq!(median(&[]), None);
-        let mut out = String::new();
+        let mut out = Section::default();
         row_text(
             &mut out,
-            "x",
+            "**x**",
             &[2.0, 2.2],
             &[2.0],
             "",
             Some(Target::AtMost(1.10)),
+            Track::Time,
         );
         assert!(
-            out.contains("| x | 2.1 | 2.0 | 1.05 |  | 10 % | ≤ 1.10 | yes |"),
-            "{out}"
+            out.text
+                .contains("| **x** | 2.1 | 2.0 | 1.05 |  | 10 % | ≤ 1.10 | yes |"),
+            "{}",
+            out.text
         );
-        let mut out = String::new();
+        let mut out = Section::default();
         row_text(
             &mut out,
             "y",
@@ -389,7 +456,33 @@ mod tests {
             &[1.0],
             "",
             Some(Target::AtLeast(1.5)),
+            Track::Rate,
         );
-        assert!(out.contains("**no**"), "{out}");
+        assert!(out.text.contains("**no**"), "{}", out.text);
+    }
+
+    #[test]
+    fn tracked_ratios() {
+        let mut out = Section::default();
+        row_text(&mut out, "**t**", &[3.0], &[2.0], "", None, Track::Time);
+        row_text(&mut out, "r", &[1.0, 3.0], &[1.0], "", None, Track::Rate);
+        row_text(&mut out, "spin", &[2.0], &[1.0], "", None, Track::No);
+        row_text(&mut out, "none", &[], &[1.0], "", None, Track::Time);
+        row_text(&mut out, "zero", &[1.0], &[0.0], "", None, Track::Time);
+        assert_eq!(
+            out.ratios,
+            vec![
+                ToolRatio {
+                    name: "tools: t".into(),
+                    ratio: 1.5,
+                    higher_is_better: false
+                },
+                ToolRatio {
+                    name: "tools: r".into(),
+                    ratio: 2.0,
+                    higher_is_better: true
+                },
+            ]
+        );
     }
 }

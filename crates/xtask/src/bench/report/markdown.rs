@@ -98,15 +98,7 @@ fn generated(run: &Run, figures: &[Figure], counts: &Instructions) -> String {
         );
     }
     if let Some((name, worse)) = &run.compared {
-        let _ = writeln!(
-            s,
-            "\nCompared with saved run `{name}`: {}.",
-            if worse.is_empty() {
-                "no ratio more than 5 % worse".to_owned()
-            } else {
-                format!("more than 5 % worse: {}", worse.join(", "))
-            }
-        );
+        let _ = writeln!(s, "\n{}", compared_line(name, worse));
     }
     s.push_str(
         "\n![latency distributions against their baselines](bench-latency.svg)\n\n\
@@ -115,6 +107,18 @@ fn generated(run: &Run, figures: &[Figure], counts: &Instructions) -> String {
     );
     let _ = writeln!(s, "{END}");
     s
+}
+
+/// The outcome of `--compare NAME` for a part: its measures flagged more than 5 % worse.
+pub fn compared_line(name: &str, worse: &[String]) -> String {
+    format!(
+        "Compared with saved run `{name}`: {}.",
+        if worse.is_empty() {
+            "no ratio more than 5 % worse".to_owned()
+        } else {
+            format!("more than 5 % worse: {}", worse.join(", "))
+        }
+    )
 }
 
 /// Writes the generated part of `path`, keeping whatever lies outside its markers (a new file

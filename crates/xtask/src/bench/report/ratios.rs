@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 
 use super::super::{BASELINE, WORSE};
 use super::samples::{Figure, Instructions, Series};
+use crate::bench_tools::ROW_PREFIX;
 use crate::Result;
 
 /// The targets of issue 9 (ours ÷ baseline, medians): `(figure, variant, at most)`.
@@ -119,18 +120,87 @@ pub(super) fn time(ns: f64) -> String {
     }
 }
 
-/// The ratios of a run (time and, where counted, instructions), by row name.
+/// What a tracked ratio measures, and so which way is worse.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Measure {
+    /// Criterion's time ratio (medians of the samples), ours ÷ raw.
+    Time,
+    /// Callgrind's instructions per operation, ours ÷ raw.
+    Instructions,
+    /// The paired time ratio (median of the pairs), ours ÷ raw.
+    Paired,
+    /// A ratio of times from the tools run (ours ÷ the tool's, or one driver ÷ another).
+    Tools,
+    /// A ratio of rates from the tools run (n channels ÷ 1): the one kind where smaller is
+    /// worse.
+    Rate,
+}
+
+impl Measure {
+    const ALL: [Measure; 5] = [
+        Measure::Time,
+        Measure::Instructions,
+        Measure::Paired,
+        Measure::Tools,
+        Measure::Rate,
+    ];
+
+    /// Its key in the saved file.
+    fn key(self) -> &'static str {
+        match self {
+            Measure::Time => "time",
+            Measure::Instructions => "instructions",
+            Measure::Paired => "paired",
+            Measure::Tools => "ratio",
+            Measure::Rate => "rate",
+        }
+    }
+
+    /// How much worse `now` is than `saved`, as a factor (above 1: worse).
+    fn worse_by(self, now: f64, saved: f64) -> f64 {
+        match self {
+            Measure::Rate => saved / now,
+            _ => now / saved,
+        }
+    }
+}
+
+/// The tracked ratios of a run, by row name: for each row, the measures it has.
 #[derive(Debug, Default, PartialEq)]
-pub struct Ratios(Vec<(String, f64, Option<f64>)>);
+pub struct Ratios(Vec<(String, Vec<(Measure, f64)>)>);
 
 impl Ratios {
+    /// The criterion rows' ratios: time, and, where counted, instructions and the paired ratio.
     pub fn of(figures: &[Figure], counts: &Instructions) -> Self {
-        Ratios(
-            rows(figures, counts)
-                .iter()
-                .map(|r| (r.name(), r.ratio(), r.instr_ratio()))
-                .collect(),
-        )
+        let mut out = Ratios::default();
+        for r in rows(figures, counts) {
+            let name = r.name();
+            out.push(&name, Measure::Time, r.ratio());
+            if let Some(i) = r.instr_ratio() {
+                out.push(&name, Measure::Instructions, i);
+            }
+            if let Some((m, _, _)) = r.paired {
+                out.push(&name, Measure::Paired, m);
+            }
+        }
+        out
+    }
+
+    /// Adds one ratio to row `row` (made if new). A value that is not finite and positive is
+    /// left out (JSON has no NaN, and no ratio can be compared with it); `"` and `\` in the
+    /// name become `'` and `/`, so that the saved file needs no escapes.
+    pub fn push(&mut self, row: &str, measure: Measure, value: f64) {
+        if !(value.is_finite() && value > 0.0) {
+            return;
+        }
+        let row = row.replace('"', "'").replace('\\', "/");
+        match self.0.iter_mut().find(|(r, _)| *r == row) {
+            Some((_, ms)) => {
+                ms.retain(|(m, _)| *m != measure);
+                ms.push((measure, value));
+            }
+            None => self.0.push((row, vec![(measure, value)])),
+        }
     }
 
     fn path(home: &Path, name: &str) -> PathBuf {
@@ -139,19 +209,17 @@ impl Ratios {
 
     /// Writes `evchan-ratios-NAME.json` beside criterion's data; its path.
     pub fn save(&self, home: &Path, name: &str) -> Result<PathBuf> {
-        let mut lines = Vec::new();
-        for (row, t, ins) in &self.0 {
-            // JSON has no NaN: a count that is missing or not finite is `null`, a row without a
-            // finite time is left out.
-            let ins = ins
-                .filter(|x| x.is_finite())
-                .map_or("null".into(), |x| format!("{x}"));
-            if t.is_finite() {
-                lines.push(format!(
-                    "  \"{row}\": {{\"time\": {t}, \"instructions\": {ins}}}"
-                ));
-            }
-        }
+        let lines: Vec<String> = self
+            .0
+            .iter()
+            .map(|(row, ms)| {
+                let fields: Vec<String> = ms
+                    .iter()
+                    .map(|(m, v)| format!("\"{}\": {v}", m.key()))
+                    .collect();
+                format!("  \"{row}\": {{{}}}", fields.join(", "))
+            })
+            .collect();
         let s = format!("{{\n{}\n}}\n", lines.join(",\n"));
         let path = Self::path(home, name);
         std::fs::create_dir_all(home).map_err(|e| format!("{}: {e}", home.display()))?;
@@ -159,7 +227,8 @@ impl Ratios {
         Ok(path)
     }
 
-    /// Reads what [`Self::save`] wrote.
+    /// Reads what [`Self::save`] wrote (also the files of earlier versions, whose rows had
+    /// `time` and `instructions`, the latter possibly `null`).
     pub fn load(home: &Path, name: &str) -> Result<Self> {
         let path = Self::path(home, name);
         let s = std::fs::read_to_string(&path).map_err(|e| {
@@ -168,7 +237,7 @@ impl Ratios {
                 path.display()
             )
         })?;
-        let mut out = Vec::new();
+        let mut out = Ratios::default();
         for line in s.lines() {
             let Some((row, rest)) = line
                 .trim()
@@ -177,49 +246,70 @@ impl Ratios {
             else {
                 continue;
             };
-            let num = |key: &str| {
-                let start = rest.find(&format!("\"{key}\": "))? + key.len() + 4;
+            for m in Measure::ALL {
+                let key = format!("\"{}\": ", m.key());
+                let Some(start) = rest.find(&key).map(|i| i + key.len()) else {
+                    continue;
+                };
                 let end = rest[start..]
                     .find([',', '}'])
                     .map_or(rest.len(), |e| start + e);
-                rest[start..end].trim().parse::<f64>().ok()
-            };
-            if let Some(t) = num("time") {
-                out.push((row.to_owned(), t, num("instructions")));
+                if let Ok(v) = rest[start..end].trim().parse::<f64>() {
+                    out.push(row, m, v);
+                }
             }
         }
-        Ok(Ratios(out))
+        Ok(out)
     }
 
-    /// This run's ratios against `saved`: the text, and the rows more than 5 % worse (time or
-    /// instructions).
+    /// Whether any row is criterion's (not the tools run's): a run saved by `--tools` alone
+    /// has none, and no criterion baseline either.
+    pub fn has_criterion_rows(&self) -> bool {
+        self.0.iter().any(|(r, _)| !r.starts_with(ROW_PREFIX))
+    }
+
+    /// The rows of `saved` that this run has none of.
+    fn missing<'a>(&self, saved: &'a Ratios) -> impl Iterator<Item = &'a str> + 'a {
+        let have: Vec<String> = self.0.iter().map(|(r, _)| r.clone()).collect();
+        saved
+            .0
+            .iter()
+            .map(|(r, _)| r.as_str())
+            .filter(move |r| !have.iter().any(|h| h == r))
+    }
+
+    /// This run's ratios against `saved`: the text, and the measures more than 5 % worse, as
+    /// `ROW (MEASURE)` (worse: a larger ratio, or for a [`Measure::Rate`] a smaller one).
     pub fn compare(&self, saved: &Ratios, name: &str) -> (String, Vec<String>) {
         let mut text = format!("ratios against saved run {name} (flagged: more than 5 % worse):\n");
         let mut worse = Vec::new();
-        for (row, t, ins) in &self.0 {
-            let Some((_, st, sins)) = saved.0.iter().find(|(r, _, _)| r == row) else {
-                let _ = writeln!(text, "  {row:<36} {t:.3} (not in {name})");
+        for (row, ms) in &self.0 {
+            let Some((_, sms)) = saved.0.iter().find(|(r, _)| r == row) else {
+                let _ = writeln!(text, "  {row:<36} (not in {name})");
                 continue;
             };
-            let mut flag = t / st > WORSE;
-            let mut line = format!(
-                "  {row:<36} time {st:.3} -> {t:.3} ({:+.1} %)",
-                (t / st - 1.0) * 100.0
-            );
-            if let (Some(i), Some(si)) = (ins, sins) {
-                flag |= i / si > WORSE;
-                let _ = write!(
-                    line,
-                    ", instructions {si:.3} -> {i:.3} ({:+.1} %)",
-                    (i / si - 1.0) * 100.0
+            let mut parts = Vec::new();
+            for (m, v) in ms {
+                let Some((_, sv)) = sms.iter().find(|(sm, _)| sm == m) else {
+                    parts.push(format!("{} {v:.3} (not in {name})", m.key()));
+                    continue;
+                };
+                let by = m.worse_by(*v, *sv);
+                let mut part = format!(
+                    "{} {sv:.3} -> {v:.3} ({:+.1} %)",
+                    m.key(),
+                    (v / sv - 1.0) * 100.0
                 );
+                if by > WORSE {
+                    part.push_str(" WORSE");
+                    worse.push(format!("{row} ({})", m.key()));
+                }
+                parts.push(part);
             }
-            if flag {
-                line.push_str("  WORSE");
-                worse.push(row.clone());
-            }
-            text.push_str(&line);
-            text.push('\n');
+            let _ = writeln!(text, "  {row:<36} {}", parts.join(", "));
+        }
+        for row in self.missing(saved) {
+            let _ = writeln!(text, "  {row:<36} (in {name}, not measured in this run)");
         }
         (text, worse)
     }
@@ -269,24 +359,87 @@ mod tests {
         );
         assert!(table(std::slice::from_ref(&f), &counts).contains("1.250 (1.10–1.50)"));
         let r = Ratios::of(&[f], &counts);
-        assert_eq!(r.0, vec![("g/x (evchan)".into(), 1.5, Some(1.5))]);
+        assert_eq!(
+            r.0,
+            vec![(
+                "g/x (evchan)".into(),
+                vec![
+                    (Measure::Time, 1.5),
+                    (Measure::Instructions, 1.5),
+                    (Measure::Paired, 1.25)
+                ]
+            )]
+        );
     }
 
     #[test]
     fn ratios_round_trip_and_compare() {
         let dir = std::env::temp_dir().join(format!("evchan-ratios-test-{}", std::process::id()));
-        let saved = Ratios(vec![
-            ("a (evchan)".into(), 1.0, Some(1.0)),
-            ("b (evchan)".into(), 2.0, None),
-        ]);
+        let mut saved = Ratios::default();
+        saved.push("a (evchan)", Measure::Time, 1.0);
+        saved.push("a (evchan)", Measure::Instructions, 1.0);
+        saved.push("a (evchan)", Measure::Paired, 1.0);
+        saved.push("b (evchan)", Measure::Time, 2.0);
+        saved.push("b (evchan)", Measure::Instructions, f64::NAN);
+        saved.push("tools: \"q\" \\ x", Measure::Tools, 1.2);
+        saved.push("tools: rate", Measure::Rate, 1.5);
+        saved.push("gone", Measure::Time, 1.0);
         saved.save(&dir, "t").unwrap();
         assert_eq!(Ratios::load(&dir, "t").unwrap(), saved);
-        let now = Ratios(vec![
-            ("a (evchan)".into(), 1.04, Some(1.06)),
-            ("b (evchan)".into(), 2.0, None),
-        ]);
+        assert_eq!(saved.0[2].0, "tools: 'q' / x");
+        assert_eq!(saved.0[1].1, vec![(Measure::Time, 2.0)], "NaN is left out");
+        assert!(saved.has_criterion_rows());
+        let mut tools_only = Ratios::default();
+        tools_only.push("tools: x", Measure::Tools, 1.0);
+        assert!(!tools_only.has_criterion_rows());
+
+        let mut now = Ratios::default();
+        now.push("a (evchan)", Measure::Time, 1.04);
+        now.push("a (evchan)", Measure::Instructions, 1.06);
+        now.push("a (evchan)", Measure::Paired, 1.06);
+        now.push("b (evchan)", Measure::Time, 1.0);
+        now.push("tools: 'q' / x", Measure::Tools, 1.3);
+        // A rate is worse when it falls: 1.5 -> 1.45 is 3.4 % worse, 1.5 -> 1.4 is 7.1 %.
+        now.push("tools: rate", Measure::Rate, 1.45);
+        now.push("new", Measure::Time, 1.0);
         let (text, worse) = now.compare(&saved, "t");
-        assert_eq!(worse, vec!["a (evchan)".to_owned()], "{text}");
+        assert_eq!(
+            worse,
+            vec![
+                "a (evchan) (instructions)".to_owned(),
+                "a (evchan) (paired)".to_owned(),
+                "tools: 'q' / x (ratio)".to_owned(),
+            ],
+            "{text}"
+        );
+        assert!(text.contains("(not in t)"), "{text}");
+        assert!(text.contains("gone"), "{text}");
+        assert!(text.contains("not measured in this run"), "{text}");
+        now.push("tools: rate", Measure::Rate, 1.4);
+        let (_, worse) = now.compare(&saved, "t");
+        assert!(
+            worse.contains(&"tools: rate (rate)".to_owned()),
+            "{worse:?}"
+        );
+
+        // A file of an earlier version: `time` and `instructions`, `null` where not counted.
+        std::fs::write(
+            dir.join("evchan-ratios-old.json"),
+            "{\n  \"a (evchan)\": {\"time\": 1.1, \"instructions\": null},\n  \"b (evchan)\": \
+             {\"time\": 2, \"instructions\": 1.2}\n}\n",
+        )
+        .unwrap();
+        let old = Ratios::load(&dir, "old").unwrap();
+        assert_eq!(
+            old.0,
+            vec![
+                ("a (evchan)".into(), vec![(Measure::Time, 1.1)]),
+                (
+                    "b (evchan)".into(),
+                    vec![(Measure::Time, 2.0), (Measure::Instructions, 1.2)]
+                ),
+            ]
+        );
         let _ = std::fs::remove_dir_all(dir);
     }
 }
