@@ -53,7 +53,21 @@ fn generated(run: &Run, figures: &[Figure], counts: &Instructions) -> String {
          `cargo xtask bench` took {:.0} s.\n",
         first_line("date", &["-u", "+%Y-%m-%d %H:%M"]),
         first_line("git", &["rev-parse", "--short", "HEAD"]),
-        if first_line("git", &["status", "--porcelain", "--untracked-files=no"]) == "?" {
+        // The files this command writes do not count: a run after a run would otherwise say
+        // "uncommitted" of a clean library.
+        if first_line(
+            "git",
+            &[
+                "status",
+                "--porcelain",
+                "--untracked-files=no",
+                "--",
+                ":(top)",
+                ":(top,exclude)docs/BENCHMARKS.md",
+                ":(top,exclude)docs/bench-latency.svg",
+            ]
+        ) == "?"
+        {
             "(clean)"
         } else {
             "(with uncommitted changes)"

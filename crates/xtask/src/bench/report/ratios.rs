@@ -283,9 +283,18 @@ impl Ratios {
     pub fn compare(&self, saved: &Ratios, name: &str) -> (String, Vec<String>) {
         let mut text = format!("ratios against saved run {name} (flagged: more than 5 % worse):\n");
         let mut worse = Vec::new();
+        // Per measure: (compared, flagged).
+        let mut tally = [(0_u32, 0_u32); Measure::ALL.len()];
+        let w = self
+            .0
+            .iter()
+            .chain(&saved.0)
+            .map(|(r, _)| r.chars().count())
+            .max()
+            .unwrap_or(0);
         for (row, ms) in &self.0 {
             let Some((_, sms)) = saved.0.iter().find(|(r, _)| r == row) else {
-                let _ = writeln!(text, "  {row:<36} (not in {name})");
+                let _ = writeln!(text, "  {row:<w$} (not in {name})");
                 continue;
             };
             let mut parts = Vec::new();
@@ -295,6 +304,9 @@ impl Ratios {
                     continue;
                 };
                 let by = m.worse_by(*v, *sv);
+                let t = &mut tally[Measure::ALL.iter().position(|x| x == m).unwrap_or(0)];
+                t.0 += 1;
+                t.1 += u32::from(by > WORSE);
                 let mut part = format!(
                     "{} {sv:.3} -> {v:.3} ({:+.1} %)",
                     m.key(),
@@ -306,11 +318,18 @@ impl Ratios {
                 }
                 parts.push(part);
             }
-            let _ = writeln!(text, "  {row:<36} {}", parts.join(", "));
+            let _ = writeln!(text, "  {row:<w$} {}", parts.join(", "));
         }
         for row in self.missing(saved) {
-            let _ = writeln!(text, "  {row:<36} (in {name}, not measured in this run)");
+            let _ = writeln!(text, "  {row:<w$} (in {name}, not measured in this run)");
         }
+        let per: Vec<String> = Measure::ALL
+            .iter()
+            .zip(tally)
+            .filter(|(_, (n, _))| *n > 0)
+            .map(|(m, (n, f))| format!("{} {f} of {n}", m.key()))
+            .collect();
+        let _ = writeln!(text, "flagged, per measure: {}", per.join(", "));
         (text, worse)
     }
 }
@@ -415,6 +434,10 @@ mod tests {
         assert!(text.contains("(not in t)"), "{text}");
         assert!(text.contains("gone"), "{text}");
         assert!(text.contains("not measured in this run"), "{text}");
+        assert!(
+            text.contains("flagged, per measure: time 0 of 2, instructions 1 of 1, paired 1 of 1, ratio 1 of 1, rate 0 of 1"),
+            "{text}"
+        );
         now.push("tools: rate", Measure::Rate, 1.4);
         let (_, worse) = now.compare(&saved, "t");
         assert!(
