@@ -251,7 +251,7 @@ fn flagged(opts: &Options, worse: &[String]) -> bool {
 }
 
 /// `cargo xtask bench [--vm] [--save NAME | --compare NAME] [--no-callgrind] [--no-tools]
-/// [-- ARGS...]`, or `cargo xtask bench --tools [--quick]`
+/// [-- ARGS...]`, or `cargo xtask bench --tools [--quick] [--save NAME | --compare NAME]`
 pub fn run(args: &[String]) -> Result<i32> {
     let started = Instant::now();
     let opts = options(args)?;
