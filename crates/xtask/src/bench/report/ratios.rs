@@ -268,16 +268,6 @@ impl Ratios {
         self.0.iter().any(|(r, _)| !r.starts_with(ROW_PREFIX))
     }
 
-    /// The rows of `saved` that this run has none of.
-    fn missing<'a>(&self, saved: &'a Ratios) -> impl Iterator<Item = &'a str> + 'a {
-        let have: Vec<String> = self.0.iter().map(|(r, _)| r.clone()).collect();
-        saved
-            .0
-            .iter()
-            .map(|(r, _)| r.as_str())
-            .filter(move |r| !have.iter().any(|h| h == r))
-    }
-
     /// This run's ratios against `saved`: the text, and the measures more than 5 % worse, as
     /// `ROW (MEASURE)` (worse: a larger ratio, or for a [`Measure::Rate`] a smaller one).
     pub fn compare(&self, saved: &Ratios, name: &str) -> (String, Vec<String>) {
@@ -320,8 +310,10 @@ impl Ratios {
             }
             let _ = writeln!(text, "  {row:<w$} {}", parts.join(", "));
         }
-        for row in self.missing(saved) {
-            let _ = writeln!(text, "  {row:<w$} (in {name}, not measured in this run)");
+        for (row, _) in &saved.0 {
+            if !self.0.iter().any(|(r, _)| r == row) {
+                let _ = writeln!(text, "  {row:<w$} (in {name}, not measured in this run)");
+            }
         }
         let per: Vec<String> = Measure::ALL
             .iter()
