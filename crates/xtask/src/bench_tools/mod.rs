@@ -29,7 +29,9 @@
 //!   boot.
 //!
 //! Every figure is the median over the rounds; `spread` is (max − min) ÷ median of ours over
-//! the rounds. Under TCG only the ratios mean anything.
+//! the rounds; `paired` is the median, least and largest of the rounds' own ratios (each value
+//! is kept with its round, `@@tools round=N`, so a round that failed on one side drops out of
+//! the pairs instead of shifting them). Under TCG only the ratios mean anything.
 //!
 //! This module holds the run's plan and the run itself; [`script`](mod@script) writes the guest's shell
 //! script, [`parse`] reads its output into figures, [`report`] renders the markdown section.

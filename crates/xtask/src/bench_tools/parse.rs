@@ -1,29 +1,55 @@
 //! Reading the tools run's output: every result line of cmtime, `ib_send_lat` and our
-//! programs into [`Results`], each figure's value of every round.
+//! programs into [`Results`], each figure's value of every round, by round.
 
 use std::collections::BTreeMap;
+use std::fmt::Debug;
 
 use super::STEPS;
+
+/// A figure's value in each round that read one, by the round's number: the script's last
+/// `@@tools round=N` marker before the value's line (0 before any marker). Both sides of a
+/// ratio read in the same round ran minutes at most apart, under the same load.
+pub(super) type Rounds<T = f64> = BTreeMap<u32, T>;
 
 /// What the run printed, by figure: every round's value.
 #[derive(Debug, Default)]
 pub(super) struct Results {
     /// (layer, step) → per-connection µs of each round; `layer` is `cmtime` for the tool.
-    pub(super) cm: BTreeMap<(String, String), Vec<f64>>,
+    pub(super) cm: BTreeMap<(String, String), Rounds>,
     /// (layer, step) → the per-connection p99 of each round (ours only).
-    pub(super) cm_p99: BTreeMap<(String, String), Vec<f64>>,
+    pub(super) cm_p99: BTreeMap<(String, String), Rounds>,
     /// ("event"|"busy", "tool"|"threads"|"task") → (round-trip p50, p99) of each round, µs:
     /// `ib_send_lat`'s, or ours with that driver.
-    pub(super) lat: BTreeMap<(String, String), Vec<(f64, f64)>>,
+    pub(super) lat: BTreeMap<(String, String), Rounds<(f64, f64)>>,
     /// (layer, channels) → events/s of each round.
-    pub(super) events: BTreeMap<(String, u32), Vec<f64>>,
+    pub(super) events: BTreeMap<(String, u32), Rounds>,
     /// (layer) → the events counted in each run (`spin`: its units of work).
     pub(super) event_counts: BTreeMap<String, Vec<u64>>,
     /// `drain`: the reads of each run that found no event queued and waited (`waits=`).
     pub(super) drain_waits: Vec<u64>,
     /// The `mode` of the last `@@tools isl` marker: the next result line is its.
     isl_mode: Option<String>,
+    /// The number of the last `@@tools round=` marker (each phase counts its rounds from 1).
+    round: u32,
     pub(super) failures: Vec<String>,
+}
+
+/// Records `value` as `key`'s in `round`; a second value of one key in one round is reported
+/// in `failures` and left out (the first one stays).
+fn put<K: Ord + Debug, T>(
+    map: &mut BTreeMap<K, Rounds<T>>,
+    key: K,
+    round: u32,
+    value: T,
+    failures: &mut Vec<String>,
+) {
+    if map.get(&key).is_some_and(|r| r.contains_key(&round)) {
+        failures.push(format!(
+            "a second result of {key:?} in round {round}, left out"
+        ));
+    } else {
+        map.entry(key).or_default().insert(round, value);
+    }
 }
 
 /// `key=value` fields of a result line, the `stats=` field's own fields flattened in.
@@ -51,6 +77,11 @@ impl Results {
             // cmtime 44 reports a failed connection this way and goes on with the others:
             // its figures of that run then cover fewer connections.
             self.failures.push(format!("cmtime: {line}"));
+        } else if let Some(rest) = line.strip_prefix("@@tools round=") {
+            match rest.parse() {
+                Ok(n) => self.round = n,
+                Err(_) => self.failures.push(format!("a bad marker: {line}")),
+            }
         } else if let Some(rest) = line.strip_prefix("@@tools isl mode=") {
             self.isl_mode = Some(rest.to_owned());
         } else if let Some(rest) = line.strip_prefix("@tools cm ") {
@@ -62,8 +93,9 @@ impl Results {
                 num(&f, "p99_us"),
             ) {
                 let key = ((*layer).to_owned(), (*step).to_owned());
-                self.cm.entry(key.clone()).or_default().push(per);
-                self.cm_p99.entry(key).or_default().push(p99);
+                let r = self.round;
+                put(&mut self.cm, key.clone(), r, per, &mut self.failures);
+                put(&mut self.cm_p99, key, r, p99, &mut self.failures);
             }
         } else if let Some(rest) = line.strip_prefix("@tools pingpong ") {
             let f = fields(rest);
@@ -78,7 +110,13 @@ impl Results {
                 (f.get("mode"), num(&f, "p50_us"), num(&f, "p99_us"))
             {
                 let key = ((*mode).to_owned(), driver);
-                self.lat.entry(key).or_default().push((p50, p99));
+                put(
+                    &mut self.lat,
+                    key,
+                    self.round,
+                    (p50, p99),
+                    &mut self.failures,
+                );
             }
         } else if let Some(rest) = line.strip_prefix("@tools events ") {
             let f = fields(rest);
@@ -97,10 +135,8 @@ impl Results {
                         self.drain_waits.push(w);
                     }
                 }
-                self.events
-                    .entry((layer.clone(), c))
-                    .or_default()
-                    .push(rate);
+                let key = (layer.clone(), c);
+                put(&mut self.events, key, self.round, rate, &mut self.failures);
                 self.event_counts.entry(layer).or_default().push(count);
             }
         } else if let Some((name, values)) = line.split_once(':') {
@@ -113,7 +149,7 @@ impl Results {
                     .collect();
                 if let [_, _, _, per] = v.as_slice() {
                     let key = ("cmtime".to_owned(), (*step).to_owned());
-                    self.cm.entry(key).or_default().push(*per);
+                    put(&mut self.cm, key, self.round, *per, &mut self.failures);
                 }
             }
         } else if let Some(mode) = self.isl_mode.clone() {
@@ -124,27 +160,30 @@ impl Results {
             let num = |i: usize| v.get(i).and_then(|t| t.parse::<f64>().ok());
             if let (9, Some(64.0), Some(typical), Some(p99)) = (v.len(), num(0), num(4), num(7)) {
                 let key = (mode, "tool".to_owned());
-                self.lat
-                    .entry(key)
-                    .or_default()
-                    .push((2.0 * typical, 2.0 * p99));
+                let v = (2.0 * typical, 2.0 * p99);
+                put(&mut self.lat, key, self.round, v, &mut self.failures);
                 self.isl_mode = None;
             }
         }
     }
 
-    /// The per-round sums of `steps` for `layer` (rounds where all were read).
-    pub(super) fn sum(&self, layer: &str, steps: &[&str]) -> Vec<f64> {
-        let cols: Vec<&Vec<f64>> = steps
+    /// The per-round sums of `steps` for `layer` (the rounds where all were read).
+    pub(super) fn sum(&self, layer: &str, steps: &[&str]) -> Rounds {
+        let cols: Vec<&Rounds> = steps
             .iter()
             .filter_map(|s| self.cm.get(&(layer.to_owned(), (*s).to_owned())))
             .collect();
-        if cols.len() != steps.len() {
-            return Vec::new();
-        }
-        let rounds = cols.iter().map(|c| c.len()).min().unwrap_or(0);
-        (0..rounds)
-            .map(|r| cols.iter().map(|c| c[r]).sum())
+        let Some((first, rest)) = cols.split_first().filter(|_| cols.len() == steps.len()) else {
+            return Rounds::new();
+        };
+        first
+            .iter()
+            .filter_map(|(r, v)| {
+                rest.iter()
+                    .map(|c| c.get(r))
+                    .sum::<Option<f64>>()
+                    .map(|s| (*r, v + s))
+            })
             .collect()
     }
 }
@@ -154,7 +193,20 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
+    use crate::bench_tools::report::Section;
     use crate::bench_tools::Plan;
+
+    /// The section of `r` for a plan of `cm_rounds`, `lat_rounds` of `iters` and one events
+    /// round.
+    fn section(r: &Results, cm_rounds: u32, lat_rounds: u32, iters: u32) -> Section {
+        let plan = Plan {
+            cm_rounds,
+            lat_rounds,
+            iters,
+            event_rounds: 1,
+        };
+        r.section(&plan, Duration::from_secs(1), "1", "1")
+    }
 
     #[test]
     fn parses_both_tools_and_ours() {
@@ -174,44 +226,50 @@ mod tests {
         ] {
             r.add_line(line);
         }
-        assert_eq!(r.cm[&("cmtime".into(), "create_id".into())], vec![1856.17]);
-        assert_eq!(r.cm[&("cmtime".into(), "connect".into())], vec![14428.24]);
-        assert_eq!(r.cm[&("raw".into(), "connect".into())], vec![5189.01]);
-        assert_eq!(r.cm_p99[&("raw".into(), "connect".into())], vec![501083.99]);
+        assert_eq!(
+            r.cm[&("cmtime".into(), "create_id".into())],
+            Rounds::from([(0, 1856.17)])
+        );
+        assert_eq!(
+            r.cm[&("cmtime".into(), "connect".into())],
+            Rounds::from([(0, 14428.24)])
+        );
+        assert_eq!(
+            r.cm[&("raw".into(), "connect".into())],
+            Rounds::from([(0, 5189.01)])
+        );
+        assert_eq!(
+            r.cm_p99[&("raw".into(), "connect".into())],
+            Rounds::from([(0, 501083.99)])
+        );
         assert_eq!(
             r.lat[&("event".into(), "tool".into())],
-            vec![(2.0 * 3866.81, 2.0 * 55566.31)]
+            Rounds::from([(0, (2.0 * 3866.81, 2.0 * 55566.31))])
         );
         // A line without `driver=` (from before it existed) is the threads driver's.
         assert_eq!(
             r.lat[&("event".into(), "threads".into())],
-            vec![(900.0, 2000.0)]
+            Rounds::from([(0, (900.0, 2000.0))])
         );
-        assert_eq!(r.events[&("async".into(), 4)], vec![896.0]);
+        assert_eq!(r.events[&("async".into(), 4)], Rounds::from([(0, 896.0)]));
         assert_eq!(r.failures, vec!["tools_cm async".to_owned()]);
-        let plan = Plan {
-            cm_rounds: 1,
-            lat_rounds: 1,
-            iters: 500,
-            event_rounds: 1,
-        };
-        let s = r.section(&plan, Duration::from_secs(1), "1", "1").text;
+        let s = section(&r, 1, 1, 500).text;
         assert!(
-            s.contains("| raw: connect | 5189 | 14428 | 0.36 | 501084 | 0 % |"),
+            s.contains("| raw: connect | 5189 | 14428 | 0.36 | 0.36 (0.36–0.36) | 501084 | 0 % |"),
             "{s}"
         );
         assert!(s.contains("Failed in the VM: tools_cm async"), "{s}");
         assert!(
             s.contains(
                 "| RTT p50, event mode, threads vs `ib_send_lat -R -e` | 900 | 7734 | 0.12 | \
-                 2000 / 111133 | 0 % | ≤ 1.15 | yes |"
+                 0.12 (0.12–0.12) | 2000 / 111133 | 0 % | ≤ 1.15 | yes |"
             ),
             "{s}"
         );
         // No in-task line was read: its rows say so instead of vanishing.
         assert!(
             s.contains(
-                "| RTT p50, event mode, in-task vs `ib_send_lat -R -e` | – | 7734 | – | \
+                "| RTT p50, event mode, in-task vs `ib_send_lat -R -e` | – | 7734 | – | – | \
                  – / 111133 | – | ≤ 1.15 | no figure |"
             ),
             "{s}"
@@ -222,59 +280,112 @@ mod tests {
     fn parses_every_driver_in_both_modes() {
         let mut r = Results::default();
         for line in [
+            "@@tools round=1",
             "@@tools isl mode=busy",
             " 64      300          10.00         20.00      12.50  \t       13.00     \t1.00   \t\t40.00 \t\t50.00",
             "@tools pingpong mode=busy driver=threads size=64 stats=n=300,p50_us=250.00,p99_us=1000.00,min_us=1.00,max_us=3.00",
             "@tools pingpong mode=busy driver=task size=64 stats=n=300,p50_us=50.00,p99_us=200.00,min_us=1.00,max_us=3.00",
             "@tools pingpong mode=event driver=task size=64 stats=n=300,p50_us=300.00,p99_us=600.00,min_us=1.00,max_us=3.00",
-            "@tools pingpong mode=event driver=task size=64 stats=n=300,p50_us=500.00,p99_us=800.00,min_us=1.00,max_us=3.00",
             "@tools pingpong mode=busy driver=task app=spawn size=64 stats=n=300,p50_us=40.00,p99_us=100.00,min_us=1.00,max_us=3.00",
-            "@tools pingpong mode=busy driver=task app=block_on size=64 stats=n=300,p50_us=60.00,p99_us=300.00,min_us=1.00,max_us=3.00",
             "@tools pingpong mode=busy driver=core size=64 stats=n=300,p50_us=26.00,p99_us=90.00,min_us=1.00,max_us=3.00",
             "@tools pingpong mode=busy driver=core-tokio size=64 stats=n=300,p50_us=30.00,p99_us=95.00,min_us=1.00,max_us=3.00",
             "@tools pingpong mode=busy driver=local size=64 stats=n=300,p50_us=28.00,p99_us=92.00,min_us=1.00,max_us=3.00",
+            // Round 2 has no `ib_send_lat` line: its figures count in the medians, not in the
+            // paired ratios.
+            "@@tools round=2",
+            "@tools pingpong mode=event driver=task size=64 stats=n=300,p50_us=500.00,p99_us=800.00,min_us=1.00,max_us=3.00",
+            "@tools pingpong mode=busy driver=task app=block_on size=64 stats=n=300,p50_us=60.00,p99_us=300.00,min_us=1.00,max_us=3.00",
         ] {
             r.add_line(line);
         }
-        assert_eq!(r.lat[&("busy".into(), "tool".into())], vec![(25.0, 80.0)]);
+        assert_eq!(
+            r.lat[&("busy".into(), "tool".into())],
+            Rounds::from([(1, (25.0, 80.0))])
+        );
         assert_eq!(
             r.lat[&("busy".into(), "threads".into())],
-            vec![(250.0, 1000.0)]
+            Rounds::from([(1, (250.0, 1000.0))])
         );
         assert_eq!(
             r.lat[&("busy".into(), "task".into())],
-            vec![(50.0, 200.0), (60.0, 300.0)]
+            Rounds::from([(1, (50.0, 200.0)), (2, (60.0, 300.0))])
         );
         assert_eq!(
             r.lat[&("busy".into(), "task-spawn".into())],
-            vec![(40.0, 100.0)]
+            Rounds::from([(1, (40.0, 100.0))])
         );
         assert_eq!(
             r.lat[&("event".into(), "task".into())],
-            vec![(300.0, 600.0), (500.0, 800.0)]
+            Rounds::from([(1, (300.0, 600.0)), (2, (500.0, 800.0))])
         );
         assert!(!r.lat.contains_key(&("event".into(), "threads".into())));
-        let plan = Plan {
-            cm_rounds: 1,
-            lat_rounds: 2,
-            iters: 300,
-            event_rounds: 1,
-        };
-        let s = r.section(&plan, Duration::from_secs(1), "1", "1").text;
+        let s = section(&r, 1, 2, 300).text;
         for want in [
-            "| RTT p50, busy-poll, threads vs `ib_send_lat -R` | 250 | 25.0 | 10.00 | 1000 / 80.0 | 0 % | ≤ 1.15 | **no** |",
-            "| RTT p99, busy-poll, threads vs `ib_send_lat -R` | 1000 | 80.0 | 12.50 |  | 0 % |  |  |",
-            "| RTT p50, busy-poll, in-task vs `ib_send_lat -R` | 55.0 | 25.0 | 2.20 | 250 / 80.0 | 18 % | ≤ 1.15 | **no** |",
-            "| RTT p50, busy-poll, in-task, spawned loop vs `ib_send_lat -R` | 40.0 | 25.0 | 1.60 | 100 / 80.0 | 0 % | ≤ 1.15 | **no** |",
-            "| RTT p50, busy-poll, in-task vs threads | 55.0 | 250 | 0.22 | 250 / 1000 | 18 % |  |  |",
-            "| RTT p50, busy-poll, core layer, no runtime vs `ib_send_lat -R` | 26.0 | 25.0 | 1.04 | 90.0 / 80.0 | 0 % |  |  |",
-            "| RTT p50, busy-poll, core layer, tokio waits vs `ib_send_lat -R` | 30.0 | 25.0 | 1.20 | 95.0 / 80.0 | 0 % |  |  |",
-            "| RTT p50, busy-poll, evchan::local vs `ib_send_lat -R` | 28.0 | 25.0 | 1.12 | 92.0 / 80.0 | 0 % | ≤ 1.15 | yes |",
-            "| RTT p50, event mode, in-task vs `ib_send_lat -R -e` | 400 | – | – | 700 / – | 50 % | ≤ 1.15 | no figure |",
-            "| RTT p50, event mode, in-task vs threads | 400 | – | – | 700 / – | 50 % |  |  |",
+            "| RTT p50, busy-poll, threads vs `ib_send_lat -R` | 250 | 25.0 | 10.00 | 10.00 (10.00–10.00) | 1000 / 80.0 | 0 % | ≤ 1.15 | **no** |",
+            "| RTT p99, busy-poll, threads vs `ib_send_lat -R` | 1000 | 80.0 | 12.50 | 12.50 (12.50–12.50) |  | 0 % |  |  |",
+            // The median of 50 and 60 against round 1's tool; paired: round 1's 50 alone.
+            "| RTT p50, busy-poll, in-task vs `ib_send_lat -R` | 55.0 | 25.0 | 2.20 | 2.00 (2.00–2.00) | 250 / 80.0 | 18 % | ≤ 1.15 | **no** |",
+            "| RTT p50, busy-poll, in-task, spawned loop vs `ib_send_lat -R` | 40.0 | 25.0 | 1.60 | 1.60 (1.60–1.60) | 100 / 80.0 | 0 % | ≤ 1.15 | **no** |",
+            "| RTT p50, busy-poll, in-task vs threads | 55.0 | 250 | 0.22 | 0.20 (0.20–0.20) | 250 / 1000 | 18 % |  |  |",
+            "| RTT p50, busy-poll, core layer, no runtime vs `ib_send_lat -R` | 26.0 | 25.0 | 1.04 | 1.04 (1.04–1.04) | 90.0 / 80.0 | 0 % |  |  |",
+            "| RTT p50, busy-poll, core layer, tokio waits vs `ib_send_lat -R` | 30.0 | 25.0 | 1.20 | 1.20 (1.20–1.20) | 95.0 / 80.0 | 0 % |  |  |",
+            "| RTT p50, busy-poll, evchan::local vs `ib_send_lat -R` | 28.0 | 25.0 | 1.12 | 1.12 (1.12–1.12) | 92.0 / 80.0 | 0 % | ≤ 1.15 | yes |",
+            "| RTT p50, event mode, in-task vs `ib_send_lat -R -e` | 400 | – | – | – | 700 / – | 50 % | ≤ 1.15 | no figure |",
+            "| RTT p50, event mode, in-task vs threads | 400 | – | – | – | 700 / – | 50 % |  |  |",
         ] {
             assert!(s.contains(want), "{want}\n{s}");
         }
+    }
+
+    #[test]
+    fn pairs_each_round_with_its_own_baseline() {
+        let mut r = Results::default();
+        let cm = |layer: &str, step: &str, per: f64| {
+            format!(
+                "@tools cm layer={layer} step={step} conns=100 total_us=1 per_conn_us={per} \
+                 stats=n=100,p50_us=1,p99_us=1,min_us=1,max_us=1"
+            )
+        };
+        let mut lines = vec![];
+        // Round 1 fast, round 2 twice as slow, round 3 without its raw connect.
+        for (round, speed) in [(1, 1.0), (2, 2.0), (3, 1.0)] {
+            lines.push(format!("@@tools round={round}"));
+            lines.push(format!("create id    :  1 1 1 {}", 10.0 * speed));
+            lines.push(format!("connect      :  1 1 1 {}", 100.0 * speed));
+            lines.push(cm("raw", "create_id", 11.0 * speed));
+            if round != 3 {
+                lines.push(cm("raw", "connect", 120.0 * speed));
+            }
+        }
+        // A second cmtime line in round 3: reported, the first kept.
+        lines.push("connect      :  1 1 1 500".to_owned());
+        for line in &lines {
+            r.add_line(line);
+        }
+        assert_eq!(
+            r.cm[&("cmtime".into(), "connect".into())],
+            Rounds::from([(1, 100.0), (2, 200.0), (3, 100.0)])
+        );
+        assert_eq!(r.failures.len(), 1, "{:?}", r.failures);
+        assert!(r.failures[0].contains("round 3"), "{:?}", r.failures);
+        // A total only for the rounds with every step.
+        assert_eq!(
+            r.sum("raw", &["create_id", "connect"]),
+            Rounds::from([(1, 131.0), (2, 262.0)])
+        );
+        assert_eq!(r.sum("cmtime", &["create_id", "connect"]).len(), 3);
+        let out = section(&r, 3, 1, 300).text;
+        // create_id: medians 11 / 10 (rounds 1 and 3) → 1.10; each round's own ratio 1.10.
+        assert!(
+            out.contains("| raw: create_id | 11.0 | 10.0 | 1.10 | 1.10 (1.10–1.10) |"),
+            "{out}"
+        );
+        // connect: medians 180 (120, 240) against 100 (100, 200, 100): 1.80 of the medians,
+        // 1.20 in each round that has both.
+        assert!(
+            out.contains("| raw: connect | 180 | 100 | 1.80 | 1.20 (1.20–1.20) |"),
+            "{out}"
+        );
     }
 
     #[test]
@@ -294,17 +405,11 @@ mod tests {
         ] {
             r.add_line(line);
         }
-        assert_eq!(r.events[&("drain".into(), 4)], vec![80000.0]);
-        assert_eq!(r.events[&("spin".into(), 4)], vec![70000.0]);
+        assert_eq!(r.events[&("drain".into(), 4)], Rounds::from([(0, 80000.0)]));
+        assert_eq!(r.events[&("spin".into(), 4)], Rounds::from([(0, 70000.0)]));
         assert_eq!(r.event_counts["spin"], vec![2048, 2048]);
         assert_eq!(r.drain_waits, vec![0, 3]);
-        let plan = Plan {
-            cm_rounds: 1,
-            lat_rounds: 1,
-            iters: 300,
-            event_rounds: 1,
-        };
-        let section = r.section(&plan, Duration::from_secs(1), "1", "1");
+        let section = section(&r, 1, 1, 300);
         // Tracked: the rate of drain's 4 channels, larger being better; not `spin` (the VM's
         // yardstick), not the 1-channel rows (1 by construction), not the rows without figures.
         let tracked: Vec<_> = section
@@ -318,10 +423,10 @@ mod tests {
         );
         let s = section.text;
         for want in [
-            "| drain: events/s, 4 ch ÷ 1 ch | 80000 | 50000 | 1.60 |  | 0 % | ≥ 1.50 | yes |",
-            "| drain: events/s, 2 ch ÷ 1 ch | – | 50000 | – |  | – |  |  |",
-            "| spin: units/s, 4 ch ÷ 1 ch | 70000 | 40000 | 1.75 |  | 0 % |  |  |",
-            "| async: events/s, 4 ch ÷ 1 ch | – | – | – |  | – | ≥ 1.50 | no figure |",
+            "| drain: events/s, 4 ch ÷ 1 ch | 80000 | 50000 | 1.60 | 1.60 (1.60–1.60) |  | 0 % | ≥ 1.50 | yes |",
+            "| drain: events/s, 2 ch ÷ 1 ch | – | 50000 | – | – |  | – |  |  |",
+            "| spin: units/s, 4 ch ÷ 1 ch | 70000 | 40000 | 1.75 | 1.75 (1.75–1.75) |  | 0 % |  |  |",
+            "| async: events/s, 4 ch ÷ 1 ch | – | – | – | – |  | – | ≥ 1.50 | no figure |",
             "queued and waited in `poll`: 3 in all, over 2 `drain` runs.",
         ] {
             assert!(s.contains(want), "{want}\n{s}");

@@ -4,7 +4,7 @@
 use std::fmt::{self, Write as _};
 use std::time::Duration;
 
-use super::parse::Results;
+use super::parse::{Results, Rounds};
 use super::{
     Plan, BUSY_POLL_US, CHANNELS, DRAIN_ROUNDS, DRIVERS, EVENT_CONNS, EVENT_LAYERS, IN_FLIGHT,
     LAYERS, STEPS,
@@ -14,7 +14,9 @@ use super::{
 pub const ROW_PREFIX: &str = "tools: ";
 
 /// One tracked ratio of the tools run: its row's name (prefixed `tools: `, without markdown
-/// emphasis), its value, and whether a larger value is better (the events/s rows).
+/// emphasis), its value (ours ÷ baseline, of the medians), and whether a larger value is better
+/// (the events/s rows). The paired column is not tracked: between two runs of one library it
+/// moved as much as the ratio of the medians (BENCHMARKS.md, "Pairing the tools' rounds").
 #[derive(Debug, Clone, PartialEq)]
 pub struct ToolRatio {
     pub name: String,
@@ -62,7 +64,10 @@ impl Results {
             out,
             "`cargo xtask bench --tools`: one soft-RoCE VM boot (TCG, {} vCPUs), server and client \
              in the same VM; each figure the median of the rounds (connection setup {} rounds, \
-             ping-pong {} rounds of {} round trips, events {} rounds); ratio = ours ÷ baseline; \
+             ping-pong {} rounds of {} round trips, events {} rounds); ratio = ours ÷ baseline, \
+             of the medians; paired = the median, and in brackets the least and the largest, of \
+             the rounds' own ratios (ours ÷ the baseline of the same round, minutes apart at \
+             most: a drift of the host's speed between rounds moves both sides of each); \
              spread = (max − min) ÷ median of ours over the rounds. Host load average before / \
              after: {load0} / {load1}; the run took {:.0} s. Under TCG only ratios mean anything.\n",
             std::env::var("EVCHAN_VM_SMP").unwrap_or_else(|_| "2".into()),
@@ -72,8 +77,8 @@ impl Results {
             plan.event_rounds,
             took.as_secs_f64()
         );
-        let header = "| figure | ours (median) | baseline (median) | ratio | p99 | spread | target | met? |\n\
-                      |---|---:|---:|---:|---:|---:|---:|---|\n";
+        let header = "| figure | ours (median) | baseline (median) | ratio | paired | p99 | spread | target | met? |\n\
+                      |---|---:|---:|---:|---:|---:|---:|---:|---|\n";
 
         out.push_str(
             "### Connection setup, 100 connections (µs per connection, cmtime's `us / conn`)\n\n\
@@ -99,9 +104,9 @@ impl Results {
                 row(
                     &mut out,
                     &format!("{layer}: {step}"),
-                    self.cm.get(&key).map(Vec::as_slice),
-                    base.map(Vec::as_slice),
-                    self.cm_p99.get(&key).map(Vec::as_slice),
+                    self.cm.get(&key),
+                    base,
+                    self.cm_p99.get(&key),
                     None,
                     Track::Time,
                 );
@@ -128,18 +133,18 @@ impl Results {
         row(
             &mut out,
             "async: full connect ÷ cmtime's create id … connect",
-            self.cm.get(&key("full_connect")).map(Vec::as_slice),
+            self.cm.get(&key("full_connect")),
             Some(&self.sum("cmtime", &setup)),
-            self.cm_p99.get(&key("full_connect")).map(Vec::as_slice),
+            self.cm_p99.get(&key("full_connect")),
             None,
             Track::Time,
         );
         row(
             &mut out,
             "async: close ÷ cmtime's disconnect + destroy",
-            self.cm.get(&key("close")).map(Vec::as_slice),
+            self.cm.get(&key("close")),
             Some(&self.sum("cmtime", &["disconnect", "destroy"])),
-            self.cm_p99.get(&key("close")).map(Vec::as_slice),
+            self.cm_p99.get(&key("close")),
             None,
             Track::Time,
         );
@@ -175,12 +180,12 @@ impl Results {
             plan.iters
         );
         out.push_str(header);
-        let p50 = |v: Option<&Vec<(f64, f64)>>| -> Vec<f64> {
-            v.map(|v| v.iter().map(|x| x.0).collect())
+        let p50 = |v: Option<&Rounds<(f64, f64)>>| -> Rounds {
+            v.map(|v| v.iter().map(|(r, x)| (*r, x.0)).collect())
                 .unwrap_or_default()
         };
-        let p99 = |v: Option<&Vec<(f64, f64)>>| -> Vec<f64> {
-            v.map(|v| v.iter().map(|x| x.1).collect())
+        let p99 = |v: Option<&Rounds<(f64, f64)>>| -> Rounds {
+            v.map(|v| v.iter().map(|(r, x)| (*r, x.1)).collect())
                 .unwrap_or_default()
         };
         for (mode, label, tool) in [
@@ -193,8 +198,8 @@ impl Results {
                 let ours = get(driver);
                 let p99_text = format!(
                     "{} / {}",
-                    fmt(median(&p99(ours))),
-                    fmt(median(&p99(tool_v)))
+                    fmt(median(&values(&p99(ours)))),
+                    fmt(median(&values(&p99(tool_v))))
                 );
                 row_text(
                     &mut out,
@@ -224,8 +229,8 @@ impl Results {
                 &p50(threads),
                 &format!(
                     "{} / {}",
-                    fmt(median(&p99(task))),
-                    fmt(median(&p99(threads)))
+                    fmt(median(&values(&p99(task)))),
+                    fmt(median(&values(&p99(threads))))
                 ),
                 None,
                 Track::Time,
@@ -329,18 +334,19 @@ enum Target {
 fn row(
     out: &mut Section,
     name: &str,
-    ours: Option<&[f64]>,
-    base: Option<&[f64]>,
-    p99: Option<&[f64]>,
+    ours: Option<&Rounds>,
+    base: Option<&Rounds>,
+    p99: Option<&Rounds>,
     target: Option<Target>,
     track: Track,
 ) {
-    let p99 = p99.map_or_else(String::new, |p| fmt(median(p)));
+    let none = Rounds::new();
+    let p99 = p99.map_or_else(String::new, |p| fmt(median(&values(p))));
     row_text(
         out,
         name,
-        ours.unwrap_or_default(),
-        base.unwrap_or_default(),
+        ours.unwrap_or(&none),
+        base.unwrap_or(&none),
         &p99,
         target,
         track,
@@ -351,19 +357,21 @@ fn row(
 fn row_text(
     out: &mut Section,
     name: &str,
-    ours: &[f64],
-    base: &[f64],
+    ours: &Rounds,
+    base: &Rounds,
     p99: &str,
     target: Option<Target>,
     track: Track,
 ) {
-    let (o, b) = (median(ours), median(base));
+    let ours_v = values(ours);
+    let (o, b) = (median(&ours_v), median(&values(base)));
     let ratio = match (o, b) {
         (Some(o), Some(b)) if b > 0.0 => Some(o / b),
         _ => None,
     };
+    let paired = paired(ours, base);
     let spread = o.filter(|m| *m > 0.0).map(|m| {
-        let (lo, hi) = ours
+        let (lo, hi) = ours_v
             .iter()
             .fold((f64::MAX, f64::MIN), |(l, h), v| (l.min(*v), h.max(*v)));
         format!("{:.0} %", 100.0 * (hi - lo) / m)
@@ -381,10 +389,14 @@ fn row_text(
     };
     let _ = writeln!(
         out,
-        "| {name} | {} | {} | {} | {p99} | {} | {t} | {met} |",
+        "| {name} | {} | {} | {} | {} | {p99} | {} | {t} | {met} |",
         fmt(o),
         fmt(b),
         ratio.map_or_else(|| "–".into(), |r| format!("{r:.2}")),
+        paired.map_or_else(
+            || "–".into(),
+            |p| format!("{:.2} ({:.2}–{:.2})", p.median, p.min, p.max)
+        ),
         spread.unwrap_or_else(|| "–".into()),
     );
     if let Some(r) = ratio.filter(|r| r.is_finite() && track != Track::No) {
@@ -398,6 +410,33 @@ fn row_text(
 
 fn yes(b: bool) -> String {
     if b { "yes" } else { "**no**" }.into()
+}
+
+/// The rounds' values, in round order.
+fn values(r: &Rounds) -> Vec<f64> {
+    r.values().copied().collect()
+}
+
+/// The rounds' own ratios, ours ÷ the baseline of the same round, summed up.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Paired {
+    median: f64,
+    min: f64,
+    max: f64,
+}
+
+/// [`Paired`] over the rounds that read both sides (a baseline of 0 left out); `None` where
+/// there is no such round.
+fn paired(ours: &Rounds, base: &Rounds) -> Option<Paired> {
+    let ratios: Vec<f64> = ours
+        .iter()
+        .filter_map(|(r, o)| base.get(r).filter(|b| **b > 0.0).map(|b| o / b))
+        .collect();
+    Some(Paired {
+        median: median(&ratios)?,
+        min: ratios.iter().copied().fold(f64::INFINITY, f64::min),
+        max: ratios.iter().copied().fold(f64::NEG_INFINITY, f64::max),
+    })
 }
 
 /// The median (the mean of the middle two for an even count); `None` when empty.
@@ -427,6 +466,11 @@ fn fmt(v: Option<f64>) -> String {
 mod tests {
     use super::*;
 
+    /// `v` as rounds 1, 2, ….
+    fn rounds(v: &[f64]) -> Rounds {
+        (1..).zip(v.iter().copied()).collect()
+    }
+
     #[test]
     fn medians_and_ratios() {
         assert_eq!(median(&[3.0, 1.0, 2.0]), Some(2.0));
@@ -436,15 +480,16 @@ mod tests {
         row_text(
             &mut out,
             "**x**",
-            &[2.0, 2.2],
-            &[2.0],
+            &rounds(&[2.0, 2.2]),
+            &rounds(&[2.0]),
             "",
             Some(Target::AtMost(1.10)),
             Track::Time,
         );
         assert!(
-            out.text
-                .contains("| **x** | 2.1 | 2.0 | 1.05 |  | 10 % | ≤ 1.10 | yes |"),
+            out.text.contains(
+                "| **x** | 2.1 | 2.0 | 1.05 | 1.00 (1.00–1.00) |  | 10 % | ≤ 1.10 | yes |"
+            ),
             "{}",
             out.text
         );
@@ -452,8 +497,8 @@ mod tests {
         row_text(
             &mut out,
             "y",
-            &[1.0],
-            &[1.0],
+            &rounds(&[1.0]),
+            &rounds(&[1.0]),
             "",
             Some(Target::AtLeast(1.5)),
             Track::Rate,
@@ -464,11 +509,44 @@ mod tests {
     #[test]
     fn tracked_ratios() {
         let mut out = Section::default();
-        row_text(&mut out, "**t**", &[3.0], &[2.0], "", None, Track::Time);
-        row_text(&mut out, "r", &[1.0, 3.0], &[1.0], "", None, Track::Rate);
-        row_text(&mut out, "spin", &[2.0], &[1.0], "", None, Track::No);
-        row_text(&mut out, "none", &[], &[1.0], "", None, Track::Time);
-        row_text(&mut out, "zero", &[1.0], &[0.0], "", None, Track::Time);
+        let r = rounds;
+        row_text(
+            &mut out,
+            "**t**",
+            &r(&[3.0]),
+            &r(&[2.0]),
+            "",
+            None,
+            Track::Time,
+        );
+        row_text(
+            &mut out,
+            "r",
+            &r(&[1.0, 3.0]),
+            &r(&[1.0]),
+            "",
+            None,
+            Track::Rate,
+        );
+        row_text(
+            &mut out,
+            "spin",
+            &r(&[2.0]),
+            &r(&[1.0]),
+            "",
+            None,
+            Track::No,
+        );
+        row_text(&mut out, "none", &r(&[]), &r(&[1.0]), "", None, Track::Time);
+        row_text(
+            &mut out,
+            "zero",
+            &r(&[1.0]),
+            &r(&[0.0]),
+            "",
+            None,
+            Track::Time,
+        );
         assert_eq!(
             out.ratios,
             vec![

@@ -11,7 +11,8 @@ use super::{
 use crate::vm;
 
 /// The guest's shell script: every server under `timeout`, every client retried while its
-/// server is not listening yet; marker lines (`@@tools ...`) say what the next lines are.
+/// server is not listening yet; marker lines (`@@tools ...`) say what the next lines are, and
+/// `@@tools round=N` begins round N of a phase (every figure of the phase, once each).
 pub(super) fn script(examples: &Path, plan: &Plan) -> String {
     let e = vm::shell_join(&[examples.display().to_string()]);
     let mut s = format!(
@@ -50,7 +51,7 @@ pub(super) fn script(examples: &Path, plan: &Plan) -> String {
     for round in 1..=plan.cm_rounds {
         let _ = writeln!(
             s,
-            "echo '@@tools cmtime round={round}'\n\
+            "echo '@@tools round={round}'\n\
              cmsrv; timeout 300 cmtime -s $A -c {CONNS} || fail cmtime; cmstop"
         );
         for layer in LAYERS.iter().chain(&["async"]) {
@@ -63,7 +64,8 @@ pub(super) fn script(examples: &Path, plan: &Plan) -> String {
     }
     s.push_str("echo '@@tools phase ping-pong'\n");
     let n = plan.iters;
-    for _ in 0..plan.lat_rounds {
+    for round in 1..=plan.lat_rounds {
+        let _ = writeln!(s, "echo '@@tools round={round}'");
         let _ = writeln!(s, "isl event -e -s 64 -n {n}");
         for (_, flags, _) in DRIVERS {
             let _ = writeln!(s, "pp --iters {n} --size 64{flags}");
@@ -77,7 +79,8 @@ pub(super) fn script(examples: &Path, plan: &Plan) -> String {
         }
     }
     s.push_str("echo '@@tools phase events'\n");
-    for _ in 0..plan.event_rounds {
+    for round in 1..=plan.event_rounds {
+        let _ = writeln!(s, "echo '@@tools round={round}'");
         for layer in ["async", "core"] {
             for c in CHANNELS {
                 let _ = writeln!(
