@@ -509,44 +509,23 @@ mod tests {
     #[test]
     fn tracked_ratios() {
         let mut out = Section::default();
-        let r = rounds;
-        row_text(
-            &mut out,
-            "**t**",
-            &r(&[3.0]),
-            &r(&[2.0]),
-            "",
-            None,
-            Track::Time,
-        );
-        row_text(
-            &mut out,
-            "r",
-            &r(&[1.0, 3.0]),
-            &r(&[1.0]),
-            "",
-            None,
-            Track::Rate,
-        );
-        row_text(
-            &mut out,
-            "spin",
-            &r(&[2.0]),
-            &r(&[1.0]),
-            "",
-            None,
-            Track::No,
-        );
-        row_text(&mut out, "none", &r(&[]), &r(&[1.0]), "", None, Track::Time);
-        row_text(
-            &mut out,
-            "zero",
-            &r(&[1.0]),
-            &r(&[0.0]),
-            "",
-            None,
-            Track::Time,
-        );
+        for (name, ours, base, track) in [
+            ("**t**", &[3.0][..], &[2.0][..], Track::Time),
+            ("r", &[1.0, 3.0], &[1.0], Track::Rate),
+            ("spin", &[2.0], &[1.0], Track::No),
+            ("none", &[], &[1.0], Track::Time),
+            ("zero", &[1.0], &[0.0], Track::Time),
+        ] {
+            row_text(
+                &mut out,
+                name,
+                &rounds(ours),
+                &rounds(base),
+                "",
+                None,
+                track,
+            );
+        }
         assert_eq!(
             out.ratios,
             vec![
