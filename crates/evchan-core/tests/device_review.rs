@@ -248,3 +248,58 @@ fn send_on_a_udp_ids_ud_qp_is_refused_not_a_crash() {
         .unwrap();
     drop((rx, mr));
 }
+
+#[test]
+fn destroy_qp_destroys_the_qp_before_the_id_once() {
+    require_device!();
+    let channel = EventChannel::new().unwrap();
+    let mut id = resolved(&channel, PortSpace::Tcp, v4(port(65)));
+    // No QP yet: refused.
+    let err = id.destroy_qp().unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(libc::EINVAL), "{err}");
+
+    // A QP on librdmacm's CQs: destroyed with them, once.
+    id.create_qp(&Default::default()).unwrap();
+    assert!(id.qp_num().is_some());
+    id.destroy_qp().unwrap();
+    assert_eq!(id.qp_num(), None);
+    let err = id.destroy_qp().unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(libc::EINVAL), "{err}");
+
+    // A QP on our PD and CQ, with a receive posted: the QP goes, our CQ stays (destroyed by
+    // us below, which fails with EBUSY while a QP still uses it), and the id can make another
+    // QP.
+    let ctx = id.context().unwrap();
+    let (pd, comp) = objects(&ctx);
+    let cq = Cq::new(&comp, 16).unwrap();
+    let cq2 = Cq::new(&comp, 16).unwrap();
+    {
+        let mut id = id;
+        id.create_qp_with(&pd, &cq, &cq, &Default::default())
+            .unwrap();
+        let first = id.qp_num().unwrap();
+        let rx = id
+            .post_recv(pd.reg_mr(vec![0u8; 64]).unwrap(), 0..64)
+            .unwrap();
+        assert_eq!(rx.qp_num(), first);
+        id.destroy_qp().unwrap();
+        assert_eq!(id.qp_num(), None);
+        // The receive never completes; its region stays with it.
+        drop(rx);
+        let err = id.destroy_qp().unwrap_err();
+        assert_eq!(err.raw_os_error(), Some(libc::EINVAL), "{err}");
+        id.create_qp_with(&pd, &cq2, &cq2, &Default::default())
+            .unwrap();
+        assert!(id.qp_num().is_some());
+        // Posting after a destroy and a new QP goes to the new one.
+        let rx = id
+            .post_recv(pd.reg_mr(vec![0u8; 64]).unwrap(), 0..64)
+            .unwrap();
+        assert_eq!(Some(rx.qp_num()), id.qp_num());
+        drop(rx);
+        // The id (and its second QP) go here, before the CQs.
+    }
+    // No QP uses either CQ any more: both destroys succeed.
+    cq.destroy().unwrap();
+    cq2.destroy().unwrap();
+}

@@ -427,6 +427,37 @@ impl<'ch, S: State> Id<'ch, S> {
             .map_err(|e| Error::os("rdma_create_qp", e))
     }
 
+    /// `rdma_destroy_qp`: destroys the id's QP (from [`Id::create_qp`], with the CQs
+    /// librdmacm made for it, or from [`Id::create_qp_with`], on the caller's CQs, which stay)
+    /// now, before the id goes, as rdma-core's own programs do after `rdma_disconnect`. The id
+    /// is then as one that never had a QP: [`Id::qp_num`] is `None`, its drop destroys no QP,
+    /// and in a state that allows it a new QP may be created.
+    ///
+    /// Work requests still posted on the QP never complete: their [`Posted`] (or `PostedSlot`)
+    /// keeps its buffer, which nothing can read again (as after the id's drop). Completions
+    /// already in the caller's CQs stay there and are polled as before.
+    ///
+    /// ```no_run
+    /// use evchan_core::cm::{state::Connected, Id};
+    ///
+    /// fn hang_up(id: Id<'_, Connected>) -> Result<(), evchan_core::Error> {
+    ///     let mut id = id.disconnect().map_err(|e| e.error)?;
+    ///     id.destroy_qp()?; // the QP goes now, the id once its DISCONNECTED is read
+    ///     Ok(())
+    /// }
+    /// ```
+    ///
+    /// [`Posted`]: crate::verbs::Posted
+    ///
+    /// # Errors
+    /// `EINVAL` when the id has no QP.
+    #[doc(alias = "rdma_destroy_qp")]
+    pub fn destroy_qp(&mut self) -> Result<()> {
+        self.raw
+            .destroy_qp()
+            .map_err(|e| Error::os("rdma_destroy_qp", e))
+    }
+
     /// `rdma_connect`: sends a connection request with `param` (its private data checked against
     /// the port space's limit first); completes with `ESTABLISHED`, `REJECTED`, `UNREACHABLE` or
     /// `CONNECT_ERROR`, for [`Id::established`].

@@ -96,16 +96,19 @@ impl IdInner {
 
     /// `rdma_destroy_qp` of a QP made by [`Id::create_qp_with`], and `pd` put back to
     /// librdmacm's. Called with the gate held and the state locked, so no reader
-    /// touches the QP and no destroy of the id runs meanwhile.
+    /// touches the QP and no destroy of the id runs meanwhile, by the owner: from its drop or
+    /// from [`Id::destroy_qp`].
     fn destroy_user_qp(&self, lib_pd: *mut sys::ibv_pd) {
-        // SAFETY: the id is live (its owner is being dropped, so `destroyed` is false) and has
-        // the QP; the caller's PD and CQs are still borrowed by the owner. No reader of the
+        // SAFETY: the id is live (its owner is being dropped or is borrowed, so `destroyed` is
+        // false) and has the QP (the caller took `user_qp`, so it is destroyed once); the
+        // caller's PD and CQs are still borrowed by the owner. No reader of the
         // channel is inside `rdma_get_cm_event` (the gate), where librdmacm modifies the QP for
         // a CONNECT_RESPONSE or REJECTED of the id. Async events naming the QP are acked at read
         // (`ffi::verbs::RawAsyncEvent`), so `ibv_destroy_qp` does not wait on one. The CQs are
         // the caller's, so `rdma_destroy_qp` destroys no CQ.
         unsafe { sys::rdma_destroy_qp(self.raw.as_ptr()) };
-        // SAFETY: the id is live; its owner (the only writer) is being dropped, under the lock.
+        // SAFETY: the id is live; its owner (the only writer) is being dropped or is borrowed
+        // by this call, under the lock.
         unsafe { (*self.raw.as_ptr()).pd = lib_pd };
     }
 
@@ -398,7 +401,8 @@ impl<'ch> Id<'ch> {
     }
 
     /// `rdma_cm_id::qp`. Written only by the owner's own calls (`rdma_create_qp`, and
-    /// `rdma_destroy_qp` in its drop); librdmacm's event processing only reads it.
+    /// `rdma_destroy_qp` in [`Self::destroy_qp`] or its drop); librdmacm's event processing only
+    /// reads it.
     fn qp(&self) -> *mut sys::ibv_qp {
         // SAFETY: live id; only that field is read, and only the owner (borrowed here, `!Sync`)
         // writes it.
@@ -410,7 +414,8 @@ impl<'ch> Id<'ch> {
     pub(crate) fn user_qp(&self) -> Option<QpPtr<'_>> {
         self.inner.lock().user_qp?;
         // SAFETY: `qp` is NULL or the QP from `create_qp_with`, destroyed only in the owner's
-        // drop (`release`), which cannot run while `self` is borrowed.
+        // drop (`release`) or by `destroy_qp` (`&mut self`), neither of which can run while
+        // `self` is borrowed.
         unsafe { QpPtr::from_raw(self.qp()) }
     }
 
@@ -504,6 +509,34 @@ impl<'ch> Id<'ch> {
             caps,
         )?;
         self.inner.lock().user_qp = Some(lib_pd);
+        Ok(())
+    }
+
+    /// `rdma_destroy_qp` of the id's QP, made by [`Self::create_qp`] or [`Self::create_qp_with`],
+    /// before the id itself goes; `EINVAL` when the id has no QP. Afterwards the id is as one
+    /// that never had a QP: its drop destroys no QP, and `create_qp` may make another.
+    ///
+    /// `&mut self`: no [`QpPtr`] of [`Self::user_qp`] is alive, and the owner (`!Sync`) makes
+    /// no other call meanwhile. Done with the channel's gate held, as the owner's drop does it
+    /// ([`IdInner::release`]): no reader is inside `rdma_get_cm_event`, where librdmacm modifies
+    /// the QP for a CONNECT_RESPONSE or REJECTED of the id.
+    pub(crate) fn destroy_qp(&mut self) -> io::Result<()> {
+        let gate = Arc::clone(&self.inner.lock().gate);
+        let _no_reader = gate.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut st = self.inner.lock();
+        if let Some(lib_pd) = st.user_qp.take() {
+            self.inner.destroy_user_qp(lib_pd);
+            return Ok(());
+        }
+        if !std::mem::take(&mut st.has_qp) {
+            return Err(io::Error::from_raw_os_error(libc::EINVAL));
+        }
+        // SAFETY: live id (its owner is borrowed) with a QP from `rdma_create_qp` on
+        // library-made CQs, which `rdma_destroy_qp` destroys with it: those CQs are never
+        // handed out, so no event of theirs is held and the destroy waits on none. No reader is
+        // inside `rdma_get_cm_event` (the gate), and `has_qp` is now false, so the id's own
+        // destroy will not destroy the QP a second time.
+        unsafe { sys::rdma_destroy_qp(self.raw()) };
         Ok(())
     }
 
