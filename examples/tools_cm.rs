@@ -9,9 +9,8 @@
 //! As `cmtime -s ADDR -c N` does, every step runs for all N connections before the next one
 //! starts, with all N in flight at once: create N ids; resolve N addresses and wait for every
 //! `ADDR_RESOLVED`; resolve N routes (`ROUTE_RESOLVED`); create N QPs (one send and one receive
-//! work request); `rdma_connect` N times and wait for every `ESTABLISHED`; `rdma_disconnect` (and,
-//! in the raw layer, `rdma_destroy_qp`) N times and wait for every `DISCONNECTED`; destroy the N
-//! ids. One thread posts and then reads the events (cmtime reads them on a second thread).
+//! work request); `rdma_connect` N times and wait for every `ESTABLISHED`; `rdma_disconnect` and
+//! `rdma_destroy_qp` N times and wait for every `DISCONNECTED`; destroy the N ids. One thread posts and then reads the events (cmtime reads them on a second thread).
 //!
 //! Per step it prints the step's wall time, the wall time per connection (cmtime's `us / conn`,
 //! the figure compared) and the per-connection times (each connection's call to its own event).
@@ -24,8 +23,8 @@
 //! - `core`: `evchan-core`'s `CmId::create_qp` (CQs per QP, as `raw-percq`).
 //! - `core-shared`: `evchan-core` with `create_qp_with` on one PD and one CQ made before the
 //!   timing (from a probe id's device context), shared by every QP: the like-for-like row of
-//!   `raw` and cmtime. Its disconnect step is `rdma_disconnect` only; the QP goes with the id in
-//!   the destroy step (dropping an id destroys its QP first).
+//!   `raw` and cmtime. In both core rows the disconnect step is `Id::disconnect` and
+//!   `Id::destroy_qp`, as cmtime's `rdma_disconnect` and `rdma_destroy_qp`.
 //! - `async`: the `evchan` API has no steps: `full_connect` is N `Connection::connect`s at once
 //!   (each: id, address, route, QP, its memory, connect, handshake), `close` N `close`s at once.
 //!   One connection made before the timing (and closed after it) starts evchan's runtime.
@@ -314,10 +313,12 @@ fn core(dst: SocketAddr, n: usize, shared: bool) -> Vec<Step> {
     let mut closing = Vec::with_capacity(n);
     for (i, id) in ids.into_iter().enumerate() {
         clock.begin(i);
-        closing.push(
-            id.disconnect()
-                .unwrap_or_else(|e| die("rdma_disconnect", &e.error)),
-        );
+        let mut id = id
+            .disconnect()
+            .unwrap_or_else(|e| die("rdma_disconnect", &e.error));
+        id.destroy_qp()
+            .unwrap_or_else(|e| die("rdma_destroy_qp", &e));
+        closing.push(id);
     }
     let ids = drain(&channel, &keys, closing, &mut clock, |id, ev| {
         if ev.kind() == evchan_core::cm::EventKind::Disconnected {

@@ -86,7 +86,9 @@ impl Results {
              `cmtime -b` server of its own. `core-shared` is the like-for-like row: like cmtime 44 (whose \
              `rdma_create_qp` copies the first QP's CQs back into its shared attributes) all QPs \
              share one CQ; `raw` is the same in plain librdmacm; `core` and `raw-percq` give each \
-             QP its own CQs. p99: of one connection's own time in the step (call to its event). \
+             QP its own CQs. Every layer destroys its QPs in the disconnect step, after \
+             `rdma_disconnect`, as cmtime does (evchan-core: `Id::destroy_qp`), and its ids in the \
+             destroy step. p99: of one connection's own time in the step (call to its event). \
              `total` sums the seven steps.\n\n",
         );
         out.push_str(header);
