@@ -288,6 +288,9 @@ fn destroy_qp_destroys_the_qp_before_the_id_once() {
         drop(rx);
         let err = id.destroy_qp().unwrap_err();
         assert_eq!(err.raw_os_error(), Some(libc::EINVAL), "{err}");
+        // The id's own PD is back: a QP on librdmacm's CQs (and its PD) can follow.
+        id.create_qp(&Default::default()).unwrap();
+        id.destroy_qp().unwrap();
         id.create_qp_with(&pd, &cq2, &cq2, &Default::default())
             .unwrap();
         assert!(id.qp_num().is_some());
