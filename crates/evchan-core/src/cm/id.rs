@@ -433,9 +433,10 @@ impl<'ch, S: State> Id<'ch, S> {
     /// is then as one that never had a QP: [`Id::qp_num`] is `None`, its drop destroys no QP,
     /// and in a state that allows it a new QP may be created.
     ///
-    /// Work requests still posted on the QP never complete: their [`Posted`] (or `PostedSlot`)
-    /// keeps its buffer, which nothing can read again (as after the id's drop). Completions
-    /// already in the caller's CQs stay there and are polled as before.
+    /// A destroyed QP owes no completion for the work requests still posted on it: a
+    /// [`Posted`] (or `PostedSlot`) whose completion never comes keeps its buffer, which nothing
+    /// can read again (as after the id's drop). Completions already in the caller's CQs stay
+    /// there and are polled as before.
     ///
     /// ```no_run
     /// use evchan_core::cm::{state::Connected, Id};
