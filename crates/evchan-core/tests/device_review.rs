@@ -1,8 +1,9 @@
 //! Device tests of what the soundness review fixed: timeouts too long for `Instant` (they used
 //! to panic in `Instant + Duration`), a QP refused when its PD and CQs come from different
 //! device contexts (the kernel would look the CQ handles up in the PD's context and could bind
-//! the QP to some other CQ there), and an id's addresses read while another thread reads the
-//! channel's events.
+//! the QP to some other CQ there), an id's addresses read while another thread reads the
+//! channel's events, and `Id::destroy_qp` (a QP destroyed before its id, also while another
+//! thread reads the channel, and the migrate it then allows).
 //!
 //! Run in the soft-RoCE VM (`cargo xtask test`); skipped natively without a device, failed
 //! without one when `EVCHAN_REQUIRE_DEVICE=1`.
@@ -305,4 +306,77 @@ fn destroy_qp_destroys_the_qp_before_the_id_once() {
     // No QP uses either CQ any more: both destroys succeed.
     cq.destroy().unwrap();
     cq2.destroy().unwrap();
+}
+
+#[test]
+fn an_id_migrates_once_its_qp_on_our_cq_is_destroyed() {
+    require_device!();
+    let channel = EventChannel::new().unwrap();
+    let other = EventChannel::new().unwrap();
+    let id = resolved(&channel, PortSpace::Tcp, v4(port(66)));
+    let ctx = id.context().unwrap();
+    let (pd, comp) = objects(&ctx);
+    let cq = Cq::new(&comp, 16).unwrap();
+    let mut id = id;
+    id.create_qp_with(&pd, &cq, &cq, &Default::default())
+        .unwrap();
+    // With the QP on our CQ the migrate is refused (the migrated id would not borrow it).
+    let mut id = match id.migrate(&other) {
+        Ok(_) => panic!("migrate of an id with a QP on the caller's CQ must be refused"),
+        Err(e) => {
+            assert_eq!(e.error.raw_os_error(), Some(libc::EBUSY), "{}", e.error);
+            e.into_id()
+        }
+    };
+    id.destroy_qp().unwrap();
+    let id = id.migrate(&other).unwrap();
+    // Its next event arrives on the new channel, none on the old one.
+    let id = id.resolve_route(RESOLVE_TIMEOUT).unwrap();
+    let ev = expect_event(&other, EventKind::RouteResolved);
+    let id = id.route_resolved(&ev).unwrap();
+    ev.ack();
+    assert!(channel.try_get_event().unwrap().is_none());
+    drop(id);
+    cq.destroy().unwrap();
+}
+
+#[test]
+fn qps_destroyed_while_another_thread_reads_the_channel() {
+    require_device!();
+    let channel = EventChannel::new().unwrap();
+    let id = resolved(&channel, PortSpace::Tcp, v4(port(67)));
+    let ctx = id.context().unwrap();
+    let (pd, comp) = objects(&ctx);
+    let cq = Cq::new(&comp, 16).unwrap();
+    let mut id = id;
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let started = std::sync::Barrier::new(2);
+    std::thread::scope(|s| {
+        // A reader inside `rdma_get_cm_event` while the QPs come and go (the gate orders them).
+        let reader = s.spawn(|| {
+            started.wait();
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                assert!(
+                    channel.try_get_event().unwrap().is_none(),
+                    "no event is due"
+                );
+            }
+        });
+        started.wait();
+        for i in 0..50 {
+            if i % 2 == 0 {
+                id.create_qp_with(&pd, &cq, &cq, &Default::default())
+                    .unwrap();
+            } else {
+                id.create_qp(&Default::default()).unwrap();
+            }
+            assert!(id.qp_num().is_some());
+            id.destroy_qp().unwrap();
+            assert_eq!(id.qp_num(), None);
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        reader.join().unwrap();
+    });
+    drop(id);
+    cq.destroy().unwrap();
 }

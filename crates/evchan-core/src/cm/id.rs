@@ -283,7 +283,8 @@ impl<'ch, S: State> Id<'ch, S> {
     /// # Errors
     /// [`Error::Busy`] while an event counted against the id is unacked (the C call would wait
     /// for its ack forever); `EBUSY` as an OS error while the id has a QP on the caller's PD
-    /// and CQs ([`Id::create_qp_with`]), which the migrated id would not borrow; the OS error
+    /// and CQs ([`Id::create_qp_with`]), which the migrated id would not borrow
+    /// ([`Id::destroy_qp`] first lets it go); the OS error
     /// otherwise. The id comes back unchanged.
     ///
     /// A listening id cannot be migrated ([`CanMigrate`](super::state::CanMigrate) says why: a
