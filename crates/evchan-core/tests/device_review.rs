@@ -20,6 +20,19 @@ use evchan_core::{CmId, EventChannel};
 use support::verbs::*;
 use support::*;
 
+/// `resolved(&channel, ps, v4(port(n)))`, then a PD and a 16-entry CQ on the id's device, the
+/// id rebound after them so that it is dropped first (it may borrow them for a QP):
+/// `id_on_device!(channel, ps, n => id, pd, cq)` binds `id` (mutable), `pd` and `cq`.
+macro_rules! id_on_device {
+    ($channel:ident, $ps:expr, $n:expr => $id:ident, $pd:ident, $cq:ident) => {
+        let $id = resolved(&$channel, $ps, v4(port($n)));
+        let ctx = $id.context().unwrap();
+        let ($pd, comp) = objects(&ctx);
+        let $cq = Cq::new(&comp, 16).unwrap();
+        let mut $id = $id;
+    };
+}
+
 #[test]
 fn event_channel_timeout_of_duration_max_waits_instead_of_panicking() {
     require_device!();
@@ -226,11 +239,7 @@ fn destroying_a_cq_whose_event_guard_was_leaked_does_not_hang() {
 fn send_on_a_udp_ids_ud_qp_is_refused_not_a_crash() {
     require_device!();
     let channel = EventChannel::new().unwrap();
-    let id = resolved(&channel, PortSpace::Udp, v4(port(64)));
-    let ctx = id.context().unwrap();
-    let (pd, comp) = objects(&ctx);
-    let cq = Cq::new(&comp, 16).unwrap();
-    let mut id = id;
+    id_on_device!(channel, PortSpace::Udp, 64 => id, pd, cq);
     id.create_qp_with(&pd, &cq, &cq, &Default::default())
         .unwrap();
     // A UD send needs an address handle (`wr.ud.ah`); the work request evchan builds has
@@ -313,11 +322,7 @@ fn an_id_migrates_once_its_qp_on_our_cq_is_destroyed() {
     require_device!();
     let channel = EventChannel::new().unwrap();
     let other = EventChannel::new().unwrap();
-    let id = resolved(&channel, PortSpace::Tcp, v4(port(66)));
-    let ctx = id.context().unwrap();
-    let (pd, comp) = objects(&ctx);
-    let cq = Cq::new(&comp, 16).unwrap();
-    let mut id = id;
+    id_on_device!(channel, PortSpace::Tcp, 66 => id, pd, cq);
     id.create_qp_with(&pd, &cq, &cq, &Default::default())
         .unwrap();
     // With the QP on our CQ the migrate is refused (the migrated id would not borrow it).
@@ -344,11 +349,7 @@ fn an_id_migrates_once_its_qp_on_our_cq_is_destroyed() {
 fn qps_destroyed_while_another_thread_reads_the_channel() {
     require_device!();
     let channel = EventChannel::new().unwrap();
-    let id = resolved(&channel, PortSpace::Tcp, v4(port(67)));
-    let ctx = id.context().unwrap();
-    let (pd, comp) = objects(&ctx);
-    let cq = Cq::new(&comp, 16).unwrap();
-    let mut id = id;
+    id_on_device!(channel, PortSpace::Tcp, 67 => id, pd, cq);
     let stop = std::sync::atomic::AtomicBool::new(false);
     let started = std::sync::Barrier::new(2);
     std::thread::scope(|s| {
