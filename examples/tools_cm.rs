@@ -10,7 +10,8 @@
 //! starts, with all N in flight at once: create N ids; resolve N addresses and wait for every
 //! `ADDR_RESOLVED`; resolve N routes (`ROUTE_RESOLVED`); create N QPs (one send and one receive
 //! work request); `rdma_connect` N times and wait for every `ESTABLISHED`; `rdma_disconnect` and
-//! `rdma_destroy_qp` N times and wait for every `DISCONNECTED`; destroy the N ids. One thread posts and then reads the events (cmtime reads them on a second thread).
+//! `rdma_destroy_qp` N times and wait for every `DISCONNECTED`; destroy the N ids. One thread
+//! posts and then reads the events (cmtime reads them on a second thread).
 //!
 //! Per step it prints the step's wall time, the wall time per connection (cmtime's `us / conn`,
 //! the figure compared) and the per-connection times (each connection's call to its own event).
