@@ -629,3 +629,49 @@ fn unlisted_cq_event_is_acked_and_reported() {
     drop((rx, tx, a, b));
     within(Duration::from_secs(20), "destroying the CQ", || drop(c1));
 }
+
+/// What `ibv_destroy_qp` does to the QP's work in the CQs it used, which evchan's docs leave to
+/// the provider: rdma-core's mlx5 provider removes the QP's completions from its CQs in the
+/// destroy (`__mlx5_cq_clean`), and rxe (Linux 6.1, observed here) leaves them. Neither flushes
+/// the receives still posted. A completion that is still there after the destroy completes its
+/// `Posted`, which holds the region, not the QP.
+#[test]
+fn a_destroyed_qps_completions_left_in_its_cq() {
+    require_device!();
+    let ctx = open_device();
+    let rxe = ctx.name().starts_with("rxe");
+    let (gid, pd, ch) = loopback(&ctx);
+    let (a_cq, b_cq) = (Cq::new(&ch, 16).unwrap(), Cq::new(&ch, 16).unwrap());
+    let (a, b) = rc_pair(&gid, &pd, (&a_cq, &a_cq), (&b_cq, &b_cq));
+    let b_num = b.qp_num();
+    let delivered = recv(&pd, &b, 64);
+    let never = recv(&pd, &b, 64);
+    let tx = send(&pd, &a, b"before the destroy".to_vec(), None);
+    // The send completes once the peer acknowledged it, after its receive completion went into
+    // b's CQ, which nothing has polled yet.
+    let wcs = wait_for(&a_cq, 1, 10 * SECOND);
+    assert_eq!(wcs[0].status(), WcStatus::Success);
+    drop(tx.complete(&wcs[0]).unwrap());
+    drop(b);
+    let mut left = Vec::new();
+    b_cq.poll(&mut left, 16).unwrap();
+    eprintln!(
+        "{}: {} completion(s) of the destroyed QP left in its CQ: {left:?}",
+        ctx.name(),
+        left.len()
+    );
+    assert!(
+        left.len() <= 1,
+        "a receive still posted was flushed: {left:?}"
+    );
+    assert!(!rxe || left.len() == 1, "rxe kept no completion: {left:?}");
+    if let Some(wc) = left.first() {
+        assert_eq!(wc.qp_num(), b_num);
+        assert_eq!(wc.status(), WcStatus::Success);
+        let mr = delivered.complete(wc).unwrap();
+        assert_eq!(&mr.as_slice()[..18], b"before the destroy");
+    }
+    // The other receive never completes; its region stays with it.
+    drop(never);
+    drop(a);
+}

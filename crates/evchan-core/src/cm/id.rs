@@ -436,8 +436,10 @@ impl<'ch, S: State> Id<'ch, S> {
     ///
     /// A destroyed QP owes no completion for the work requests still posted on it: a
     /// [`Posted`] (or `PostedSlot`) whose completion never comes keeps its buffer, which nothing
-    /// can read again (as after the id's drop). Completions already in the caller's CQs stay
-    /// there and are polled as before.
+    /// can read again (as after the id's drop). Whether the QP's completions already in the
+    /// caller's CQs survive the destroy is the provider's choice: rdma-core's mlx5 provider
+    /// removes them, rxe (Linux 6.1) leaves them to be polled. Reap what you need first; one that
+    /// is still there afterwards completes its `Posted` as before.
     ///
     /// ```no_run
     /// use evchan_core::cm::{state::Connected, Id};
