@@ -12,7 +12,9 @@ use evchan_core::verbs::{
     CompChannel, Cq, GidType, LinkLayer, Mr, PortState, Posted, QpCaps, QpState, RtsAttr, WcOpcode,
     WcStatus, WorkCompletion, ACK_BATCH,
 };
-use support::verbs::{loopback, open_device, rc_pair, rc_pair_with, recv, send, wait_for};
+use support::verbs::{
+    complete, loopback, open_device, rc_pair, rc_pair_with, recv, send, wait_for,
+};
 use support::within;
 
 const SECOND: Duration = Duration::from_secs(1);
@@ -649,9 +651,8 @@ fn a_destroyed_qps_completions_left_in_its_cq() {
     let tx = send(&pd, &a, b"before the destroy".to_vec(), None);
     // The send completes once the peer acknowledged it, after its receive completion went into
     // b's CQ, which nothing has polled yet.
-    let wcs = wait_for(&a_cq, 1, 10 * SECOND);
-    assert_eq!(wcs[0].status(), WcStatus::Success);
-    drop(tx.complete(&wcs[0]).unwrap());
+    let (_, wc) = complete(&a_cq, tx);
+    assert_eq!(wc.status(), WcStatus::Success);
     drop(b);
     let mut left = Vec::new();
     b_cq.poll(&mut left, 16).unwrap();

@@ -164,8 +164,8 @@ impl Default for RtsAttr {
 ///   [`Sge`](super::Sge)s and are `unsafe`: the caller keeps the memory alive and untouched until the
 ///   completion.
 ///
-/// Dropping it destroys it (`ibv_destroy_qp`). The work requests still posted then never
-/// complete, so their [`Posted`]s keep their regions. Whether the QP's completions already in
+/// Dropping it destroys it (`ibv_destroy_qp`). A destroyed QP owes no completion for the work
+/// requests still posted on it, so their [`Posted`]s keep their regions. Whether the QP's completions already in
 /// its CQs survive the destroy is the provider's choice: rdma-core's mlx5 provider removes them,
 /// rxe (Linux 6.1) leaves them to be polled. Reap what you need before the drop.
 ///
