@@ -34,7 +34,7 @@ use crate::{host_has_active_rdma_port, target_dir, vm, Result};
 
 mod report;
 
-use report::{Instructions, Measure, Ratios};
+use report::{Instructions, Measure, Ratios, BEYOND};
 
 /// Criterion options for every run: short under TCG, no plots, plain text.
 const CRITERION_ARGS: &[&str] = &[
@@ -170,7 +170,7 @@ fn add_tools(ratios: &mut Ratios, tools: &[crate::bench_tools::ToolRatio]) {
         } else {
             Measure::Tools
         };
-        ratios.push(&t.name, m, t.ratio);
+        ratios.push_spread(&t.name, m, t.ratio, t.spread);
     }
 }
 
@@ -240,8 +240,13 @@ fn write_tools_section(section: &str, opts: &Options, worse: &[String]) -> Resul
 /// Says so on stderr when `--compare` flagged ratios; whether it did.
 fn flagged(opts: &Options, worse: &[String]) -> bool {
     if !worse.is_empty() {
+        let beyond = worse
+            .iter()
+            .filter(|w| w.ends_with(&format!("{BEYOND})")))
+            .count();
         eprintln!(
-            "xtask: {} ratio(s) more than 5 % worse than saved run {}: {}",
+            "xtask: {} ratio(s) more than 5 % worse than saved run {} ({beyond} of them beyond \
+             both runs' spread): {}",
             worse.len(),
             opts.compare.as_deref().unwrap_or_default(),
             worse.join("; ")
@@ -664,18 +669,36 @@ mod tests {
             name: name.into(),
             ratio,
             higher_is_better,
+            spread: Some((ratio * 0.9, ratio * 1.1)),
         };
         let mut saved = Ratios::default();
         add_tools(
             &mut saved,
-            &[t("tools: setup", 0.8, false), t("tools: 4 ch", 1.4, true)],
+            &[
+                t("tools: setup", 0.8, false),
+                t("tools: 4 ch", 1.4, true),
+                t("tools: rtt", 1.0, false),
+            ],
         );
         let mut now = Ratios::default();
         add_tools(
             &mut now,
-            &[t("tools: setup", 0.9, false), t("tools: 4 ch", 1.6, true)],
+            &[
+                t("tools: setup", 0.9, false),
+                t("tools: 4 ch", 1.6, true),
+                t("tools: rtt", 1.5, false),
+            ],
         );
         let (text, worse) = now.compare(&saved, "s");
-        assert_eq!(worse, vec!["tools: setup (ratio)".to_owned()], "{text}");
+        assert_eq!(
+            worse,
+            vec![
+                "tools: setup (ratio, within the spread)".to_owned(),
+                format!("tools: rtt (ratio{BEYOND})"),
+            ],
+            "{text}"
+        );
+        let beyond = worse.iter().filter(|w| w.ends_with(&format!("{BEYOND})")));
+        assert_eq!(beyond.count(), 1, "as `flagged` counts them");
     }
 }

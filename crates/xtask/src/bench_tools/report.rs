@@ -15,13 +15,17 @@ pub const ROW_PREFIX: &str = "tools: ";
 
 /// One tracked ratio of the tools run: its row's name (prefixed `tools: `, without markdown
 /// emphasis), its value (ours ÷ baseline, of the medians), and whether a larger value is better
-/// (the events/s rows). The paired column is not tracked: between two runs of one library it
-/// moved as much as the ratio of the medians (BENCHMARKS.md, "Pairing the tools' rounds").
+/// (the events/s rows). The paired column is not tracked itself (between two runs of one library
+/// it moved as much as the ratio of the medians: BENCHMARKS.md, "Pairing the tools' rounds");
+/// its least and largest are the ratio's spread, which `--compare` sets beside the saved one's.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ToolRatio {
     pub name: String,
     pub ratio: f64,
     pub higher_is_better: bool,
+    /// The least and the largest of the rounds' own ratios (each round ÷ the baseline of the
+    /// same round), where any round has both.
+    pub spread: Option<(f64, f64)>,
 }
 
 /// The tools run's markdown section, and the ratios of its rows that `--save` / `--compare`
@@ -406,6 +410,7 @@ fn row_text(
             name: format!("{ROW_PREFIX}{}", name.replace("**", "")),
             ratio: r,
             higher_is_better: track == Track::Rate,
+            spread: paired.map(|p| (p.min, p.max)),
         });
     }
 }
@@ -534,12 +539,14 @@ mod tests {
                 ToolRatio {
                     name: "tools: t".into(),
                     ratio: 1.5,
-                    higher_is_better: false
+                    higher_is_better: false,
+                    spread: Some((1.5, 1.5)),
                 },
                 ToolRatio {
                     name: "tools: r".into(),
                     ratio: 2.0,
-                    higher_is_better: true
+                    higher_is_better: true,
+                    spread: Some((1.0, 1.0)),
                 },
             ]
         );

@@ -130,7 +130,7 @@ pub fn compared_line(name: &str, worse: &[String]) -> String {
         if worse.is_empty() {
             "no ratio more than 5 % worse".to_owned()
         } else {
-            format!("more than 5 % worse: {}", worse.join(", "))
+            format!("more than 5 % worse: {}", worse.join("; "))
         }
     )
 }

@@ -11,6 +11,6 @@ mod samples;
 mod svg;
 
 pub use markdown::{compared_line, write_markdown, write_tools, Run};
-pub use ratios::{table, Measure, Ratios};
+pub use ratios::{table, Measure, Ratios, BEYOND};
 pub use samples::{complete, figures, Instructions};
 pub use svg::write_svg;

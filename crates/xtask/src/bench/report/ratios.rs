@@ -163,11 +163,60 @@ impl Measure {
             _ => now / saved,
         }
     }
+
+    /// Whether spread `now` lies wholly on the worse side of spread `saved` (no overlap).
+    fn beyond(self, now: Spread, saved: Spread) -> bool {
+        match self {
+            Measure::Rate => now.1 < saved.0,
+            _ => now.0 > saved.1,
+        }
+    }
 }
+
+/// The spread of a tracked ratio, `(least, largest)`: for a paired ratio the quartiles of its
+/// pairs' ratios, for a tools ratio the least and the largest of its rounds' own ratios.
+pub type Spread = (f64, f64);
+
+/// One tracked ratio: its measure, its value and, where measured, its spread.
+type Value = (Measure, f64, Option<Spread>);
 
 /// The tracked ratios of a run, by row name: for each row, the measures it has.
 #[derive(Debug, Default, PartialEq)]
-pub struct Ratios(Vec<(String, Vec<(Measure, f64)>)>);
+pub struct Ratios(Vec<(String, Vec<Value>)>);
+
+/// The words after the measure of a flagged ratio whose spread lies wholly on the worse side of
+/// the saved one's.
+pub const BEYOND: &str = ", beyond both runs' spread";
+
+/// How a flagged ratio's spread sits against the saved one's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Verdict {
+    /// Both spreads known, and this run's lies wholly on the worse side of the saved one.
+    Beyond,
+    /// Both spreads known, and they overlap.
+    Within,
+    /// One or both not measured (instructions, criterion's time ratio, an older file).
+    NoSpread,
+}
+
+impl Verdict {
+    fn of(m: Measure, now: Option<Spread>, saved: Option<Spread>) -> Self {
+        match (now, saved) {
+            (Some(n), Some(s)) if m.beyond(n, s) => Verdict::Beyond,
+            (Some(_), Some(_)) => Verdict::Within,
+            _ => Verdict::NoSpread,
+        }
+    }
+
+    /// Its words after the measure in a flagged `ROW (MEASURE…)`.
+    fn tag(self) -> &'static str {
+        match self {
+            Verdict::Beyond => BEYOND,
+            Verdict::Within => ", within the spread",
+            Verdict::NoSpread => "",
+        }
+    }
+}
 
 impl Ratios {
     /// The criterion rows' ratios: time, and, where counted, instructions and the paired ratio.
@@ -179,8 +228,8 @@ impl Ratios {
             if let Some(i) = r.instr_ratio() {
                 out.push(&name, Measure::Instructions, i);
             }
-            if let Some((m, _, _)) = r.paired {
-                out.push(&name, Measure::Paired, m);
+            if let Some((m, q1, q3)) = r.paired {
+                out.push_spread(&name, Measure::Paired, m, Some((q1, q3)));
             }
         }
         out
@@ -190,16 +239,24 @@ impl Ratios {
     /// left out (JSON has no NaN, and no ratio can be compared with it); `"` and `\` in the
     /// name become `'` and `/`, so that the saved file needs no escapes.
     pub fn push(&mut self, row: &str, measure: Measure, value: f64) {
+        self.push_spread(row, measure, value, None);
+    }
+
+    /// As [`Self::push`], with the ratio's spread; a spread that is not two finite, positive,
+    /// ordered numbers is left out (the ratio is kept).
+    pub fn push_spread(&mut self, row: &str, measure: Measure, value: f64, spread: Option<Spread>) {
         if !(value.is_finite() && value > 0.0) {
             return;
         }
+        let spread =
+            spread.filter(|(lo, hi)| lo.is_finite() && hi.is_finite() && *lo > 0.0 && lo <= hi);
         let row = row.replace('"', "'").replace('\\', "/");
         match self.0.iter_mut().find(|(r, _)| *r == row) {
             Some((_, ms)) => {
-                ms.retain(|(m, _)| *m != measure);
-                ms.push((measure, value));
+                ms.retain(|(m, _, _)| *m != measure);
+                ms.push((measure, value, spread));
             }
-            None => self.0.push((row, vec![(measure, value)])),
+            None => self.0.push((row, vec![(measure, value, spread)])),
         }
     }
 
@@ -215,7 +272,15 @@ impl Ratios {
             .map(|(row, ms)| {
                 let fields: Vec<String> = ms
                     .iter()
-                    .map(|(m, v)| format!("\"{}\": {v}", m.key()))
+                    .map(|(m, v, spread)| {
+                        let k = m.key();
+                        match spread {
+                            Some((lo, hi)) => {
+                                format!("\"{k}\": {v}, \"{k}_lo\": {lo}, \"{k}_hi\": {hi}")
+                            }
+                            None => format!("\"{k}\": {v}"),
+                        }
+                    })
                     .collect();
                 format!("  \"{row}\": {{{}}}", fields.join(", "))
             })
@@ -228,7 +293,7 @@ impl Ratios {
     }
 
     /// Reads what [`Self::save`] wrote (also the files of earlier versions, whose rows had
-    /// `time` and `instructions`, the latter possibly `null`).
+    /// `time` and `instructions`, the latter possibly `null`, and no spreads).
     pub fn load(home: &Path, name: &str) -> Result<Self> {
         let path = Self::path(home, name);
         let s = std::fs::read_to_string(&path).map_err(|e| {
@@ -246,16 +311,20 @@ impl Ratios {
             else {
                 continue;
             };
-            for m in Measure::ALL {
-                let key = format!("\"{}\": ", m.key());
-                let Some(start) = rest.find(&key).map(|i| i + key.len()) else {
-                    continue;
-                };
+            // The number after `"KEY": `, where there is one.
+            let field = |key: &str| {
+                let key = format!("\"{key}\": ");
+                let start = rest.find(&key)? + key.len();
                 let end = rest[start..]
                     .find([',', '}'])
                     .map_or(rest.len(), |e| start + e);
-                if let Ok(v) = rest[start..end].trim().parse::<f64>() {
-                    out.push(row, m, v);
+                rest[start..end].trim().parse::<f64>().ok()
+            };
+            for m in Measure::ALL {
+                let k = m.key();
+                if let Some(v) = field(k) {
+                    let spread = field(&format!("{k}_lo")).zip(field(&format!("{k}_hi")));
+                    out.push_spread(row, m, v, spread);
                 }
             }
         }
@@ -269,12 +338,14 @@ impl Ratios {
     }
 
     /// This run's ratios against `saved`: the text, and the measures more than 5 % worse, as
-    /// `ROW (MEASURE)` (worse: a larger ratio, or for a [`Measure::Rate`] a smaller one).
+    /// `ROW (MEASURE)` (worse: a larger ratio, or for a [`Measure::Rate`] a smaller one), with
+    /// `, beyond both runs' spread` or `, within the spread` after the measure where both runs
+    /// measured its spread.
     pub fn compare(&self, saved: &Ratios, name: &str) -> (String, Vec<String>) {
         let mut text = format!("ratios against saved run {name} (flagged: more than 5 % worse):\n");
         let mut worse = Vec::new();
-        // Per measure: (compared, flagged).
-        let mut tally = [(0_u32, 0_u32); Measure::ALL.len()];
+        // Per measure: (compared, flagged, of them beyond both spreads, within them).
+        let mut tally = [(0_u32, 0_u32, 0_u32, 0_u32); Measure::ALL.len()];
         let w = self
             .0
             .iter()
@@ -288,23 +359,33 @@ impl Ratios {
                 continue;
             };
             let mut parts = Vec::new();
-            for (m, v) in ms {
-                let Some((_, sv)) = sms.iter().find(|(sm, _)| sm == m) else {
+            for (m, v, spread) in ms {
+                let Some((_, sv, sspread)) = sms.iter().find(|(sm, _, _)| sm == m) else {
                     parts.push(format!("{} {v:.3} (not in {name})", m.key()));
                     continue;
                 };
                 let by = m.worse_by(*v, *sv);
                 let t = &mut tally[Measure::ALL.iter().position(|x| x == m).unwrap_or(0)];
                 t.0 += 1;
-                t.1 += u32::from(by > WORSE);
                 let mut part = format!(
                     "{} {sv:.3} -> {v:.3} ({:+.1} %)",
                     m.key(),
                     (v / sv - 1.0) * 100.0
                 );
+                if let (Some(n), Some(s)) = (spread, sspread) {
+                    let _ = write!(part, " [{:.2}–{:.2} -> {:.2}–{:.2}]", s.0, s.1, n.0, n.1);
+                }
                 if by > WORSE {
-                    part.push_str(" WORSE");
-                    worse.push(format!("{row} ({})", m.key()));
+                    let verdict = Verdict::of(*m, *spread, *sspread);
+                    t.1 += 1;
+                    t.2 += u32::from(verdict == Verdict::Beyond);
+                    t.3 += u32::from(verdict == Verdict::Within);
+                    part.push_str(match verdict {
+                        Verdict::Beyond => " WORSE, beyond both runs' spread",
+                        Verdict::Within => " WORSE, within the spread",
+                        Verdict::NoSpread => " WORSE",
+                    });
+                    worse.push(format!("{row} ({}{})", m.key(), verdict.tag()));
                 }
                 parts.push(part);
             }
@@ -318,8 +399,17 @@ impl Ratios {
         let per: Vec<String> = Measure::ALL
             .iter()
             .zip(tally)
-            .filter(|(_, (n, _))| *n > 0)
-            .map(|(m, (n, f))| format!("{} {f} of {n}", m.key()))
+            .filter(|(_, (n, ..))| *n > 0)
+            .map(|(m, (n, f, beyond, within))| {
+                let mut s = format!("{} {f} of {n}", m.key());
+                if beyond + within > 0 {
+                    let _ = write!(
+                        s,
+                        " ({beyond} beyond both runs' spread, {within} within it)"
+                    );
+                }
+                s
+            })
             .collect();
         let _ = writeln!(text, "flagged, per measure: {}", per.join(", "));
         (text, worse)
@@ -375,9 +465,9 @@ mod tests {
             vec![(
                 "g/x (evchan)".into(),
                 vec![
-                    (Measure::Time, 1.5),
-                    (Measure::Instructions, 1.5),
-                    (Measure::Paired, 1.25)
+                    (Measure::Time, 1.5, None),
+                    (Measure::Instructions, 1.5, None),
+                    (Measure::Paired, 1.25, Some((1.1, 1.5)))
                 ]
             )]
         );
@@ -389,16 +479,31 @@ mod tests {
         let mut saved = Ratios::default();
         saved.push("a (evchan)", Measure::Time, 1.0);
         saved.push("a (evchan)", Measure::Instructions, 1.0);
-        saved.push("a (evchan)", Measure::Paired, 1.0);
+        saved.push_spread("a (evchan)", Measure::Paired, 1.0, Some((0.98, 1.02)));
         saved.push("b (evchan)", Measure::Time, 2.0);
         saved.push("b (evchan)", Measure::Instructions, f64::NAN);
-        saved.push("tools: \"q\" \\ x", Measure::Tools, 1.2);
-        saved.push("tools: rate", Measure::Rate, 1.5);
+        saved.push_spread("tools: \"q\" \\ x", Measure::Tools, 1.2, Some((1.0, 1.4)));
+        saved.push_spread("tools: rate", Measure::Rate, 1.5, Some((1.4, 1.6)));
         saved.push("gone", Measure::Time, 1.0);
         saved.save(&dir, "t").unwrap();
         assert_eq!(Ratios::load(&dir, "t").unwrap(), saved);
         assert_eq!(saved.0[2].0, "tools: 'q' / x");
-        assert_eq!(saved.0[1].1, vec![(Measure::Time, 2.0)], "NaN is left out");
+        assert_eq!(
+            saved.0[1].1,
+            vec![(Measure::Time, 2.0, None)],
+            "NaN is left out"
+        );
+        let mut odd = Ratios::default();
+        odd.push_spread("x", Measure::Paired, 1.0, Some((1.2, 1.1)));
+        odd.push_spread("y", Measure::Paired, 1.0, Some((f64::NAN, 1.1)));
+        assert_eq!(
+            odd.0,
+            vec![
+                ("x".into(), vec![(Measure::Paired, 1.0, None)]),
+                ("y".into(), vec![(Measure::Paired, 1.0, None)]),
+            ],
+            "a spread out of order or not finite is left out, the ratio kept"
+        );
         assert!(saved.has_criterion_rows());
         let mut tools_only = Ratios::default();
         tools_only.push("tools: x", Measure::Tools, 1.0);
@@ -407,34 +512,51 @@ mod tests {
         let mut now = Ratios::default();
         now.push("a (evchan)", Measure::Time, 1.04);
         now.push("a (evchan)", Measure::Instructions, 1.06);
-        now.push("a (evchan)", Measure::Paired, 1.06);
+        // Flagged, and its pairs' quartiles lie wholly above the saved ones.
+        now.push_spread("a (evchan)", Measure::Paired, 1.06, Some((1.03, 1.09)));
         now.push("b (evchan)", Measure::Time, 1.0);
-        now.push("tools: 'q' / x", Measure::Tools, 1.3);
+        // Flagged, and its rounds overlap the saved ones'.
+        now.push_spread("tools: 'q' / x", Measure::Tools, 1.3, Some((1.1, 1.5)));
         // A rate is worse when it falls: 1.5 -> 1.45 is 3.4 % worse, 1.5 -> 1.4 is 7.1 %.
-        now.push("tools: rate", Measure::Rate, 1.45);
+        now.push_spread("tools: rate", Measure::Rate, 1.45, Some((1.3, 1.6)));
         now.push("new", Measure::Time, 1.0);
         let (text, worse) = now.compare(&saved, "t");
         assert_eq!(
             worse,
             vec![
                 "a (evchan) (instructions)".to_owned(),
-                "a (evchan) (paired)".to_owned(),
-                "tools: 'q' / x (ratio)".to_owned(),
+                "a (evchan) (paired, beyond both runs' spread)".to_owned(),
+                "tools: 'q' / x (ratio, within the spread)".to_owned(),
             ],
+            "{text}"
+        );
+        assert!(
+            text.contains("[0.98–1.02 -> 1.03–1.09] WORSE, beyond"),
             "{text}"
         );
         assert!(text.contains("(not in t)"), "{text}");
         assert!(text.contains("gone"), "{text}");
         assert!(text.contains("not measured in this run"), "{text}");
         assert!(
-            text.contains("flagged, per measure: time 0 of 2, instructions 1 of 1, paired 1 of 1, ratio 1 of 1, rate 0 of 1"),
+            text.contains(
+                "flagged, per measure: time 0 of 2, instructions 1 of 1, paired 1 of 1 (1 beyond \
+                 both runs' spread, 0 within it), ratio 1 of 1 (0 beyond both runs' spread, 1 \
+                 within it), rate 0 of 1"
+            ),
             "{text}"
+        );
+        // A rate's spread is beyond when it lies wholly below the saved one.
+        now.push_spread("tools: rate", Measure::Rate, 1.4, Some((1.2, 1.35)));
+        let (_, worse) = now.compare(&saved, "t");
+        assert!(
+            worse.contains(&"tools: rate (rate, beyond both runs' spread)".to_owned()),
+            "{worse:?}"
         );
         now.push("tools: rate", Measure::Rate, 1.4);
         let (_, worse) = now.compare(&saved, "t");
         assert!(
             worse.contains(&"tools: rate (rate)".to_owned()),
-            "{worse:?}"
+            "without this run's spread, no verdict: {worse:?}"
         );
 
         // A file of an earlier version: `time` and `instructions`, `null` where not counted.
@@ -448,10 +570,13 @@ mod tests {
         assert_eq!(
             old.0,
             vec![
-                ("a (evchan)".into(), vec![(Measure::Time, 1.1)]),
+                ("a (evchan)".into(), vec![(Measure::Time, 1.1, None)]),
                 (
                     "b (evchan)".into(),
-                    vec![(Measure::Time, 2.0), (Measure::Instructions, 1.2)]
+                    vec![
+                        (Measure::Time, 2.0, None),
+                        (Measure::Instructions, 1.2, None)
+                    ]
                 ),
             ]
         );
