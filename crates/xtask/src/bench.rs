@@ -13,6 +13,11 @@
 //! `--save NAME` keeps the run as criterion's baseline NAME and its ratios in
 //! `target/criterion/evchan-ratios-NAME.json`; `--compare NAME` runs against criterion's
 //! baseline NAME and flags every ratio more than 5 % worse than the saved one (exit status 1).
+//! A flagged ratio with a spread in both runs (a paired ratio: its pairs' quartiles; a tools
+//! ratio: the least and the largest of its rounds' own ratios) also says whether this run's
+//! spread lies wholly on the worse side of the saved one's (`beyond both runs' spread`) or
+//! overlaps it (`within the spread`); criterion's time ratios and the instruction ratios have
+//! none.
 //! The ratios are, per criterion row, its time ratio, its paired ratio and its instruction
 //! ratio, and the ratios of the tools run's rows (`bench_tools`; without the `spin`
 //! yardstick and the 1-channel rows, whose ratio is 1 by construction). Worse is larger, but
