@@ -25,7 +25,6 @@ mod support;
 
 use std::net::SocketAddr;
 use std::os::fd::AsFd;
-use std::process::Command;
 
 use evchan_core::cm::{EventKind, PortSpace};
 use evchan_core::verbs::{CompChannel, Cq, Pd, Qp, QpCaps, QpInit};
@@ -62,23 +61,10 @@ fn uverbs_maps() -> usize {
 }
 
 fn rdma_objects() -> Option<Vec<(&'static str, usize)>> {
-    // The kernel reports the id of the creating *thread* (the test's, not the process's).
-    let tids: Vec<String> = std::fs::read_dir("/proc/self/task")
-        .unwrap()
-        .flatten()
-        .map(|t| format!(" pid {} ", t.file_name().to_string_lossy()))
-        .collect();
-    let ours = |l: &&str| tids.iter().any(|t| l.contains(t.as_str()));
-    let mut out = Vec::new();
-    for kind in ["cm_id", "qp", "cq", "pd", "mr", "ctx"] {
-        let o = Command::new("rdma")
-            .args(["resource", "show", kind])
-            .output()
-            .ok()?;
-        let text = String::from_utf8_lossy(&o.stdout);
-        out.push((kind, text.lines().filter(ours).count()));
-    }
-    Some(out)
+    ["cm_id", "qp", "cq", "pd", "mr", "ctx"]
+        .into_iter()
+        .map(|kind| Some((kind, rdma_objects_of_process(kind)?)))
+        .collect()
 }
 
 fn anon_huge_kib() -> Option<u64> {

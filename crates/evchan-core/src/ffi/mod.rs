@@ -35,6 +35,7 @@ pub(crate) mod addr;
 pub(crate) mod cm;
 #[cfg(feature = "fuzzing")]
 pub mod fuzzing;
+pub(crate) mod owned;
 #[cfg(feature = "tokio")]
 pub(crate) mod tokio_fd;
 pub(crate) mod verbs;

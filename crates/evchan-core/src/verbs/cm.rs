@@ -17,7 +17,10 @@ use crate::ffi::verbs as ffi;
 use crate::CmId;
 
 use super::qp::{no_qp, post_recv_on, post_send_on};
-use super::{Context, Cq, Error, Mr, MrBuffer, Pd, PostError, Posted, QpCaps, Result};
+use super::{
+    Context, Cq, Error, Mr, MrBuffer, OwnedCq, OwnedPd, Pd, PostError, Posted, QpCaps, QpHandle,
+    Result,
+};
 
 /// A device context (`struct ibv_context`) borrowed from the rdma_cm id that holds it
 /// ([`CmId::verbs`]): its name and identity. To create objects on it, take the owned
@@ -294,6 +297,69 @@ impl<'ch, S: State> CmId<'ch, S> {
     {
         self.raw
             .create_qp_with(&pd.raw, &send_cq.raw, &recv_cq.raw, init.caps())
+            .map_err(|e| crate::Error::os("rdma_create_qp", e))
+    }
+
+    /// `rdma_create_qp` on owned objects ([`owned`](super::owned)): the owned form of
+    /// [`create_qp_with`](Self::create_qp_with), for a QP posted to from `'static` handles.
+    ///
+    /// The id keeps clones of `pd` and both CQs until the QP is destroyed, so they outlive it
+    /// however the handles are dropped, and nothing is borrowed: [`migrate`](Self::migrate)
+    /// is allowed. The QP is destroyed as one from `create_qp_with` is: when the id goes
+    /// (never deferred), or by [`destroy_qp`](Self::destroy_qp). The returned [`QpHandle`]
+    /// (and its clones) posts on the QP from anywhere until then, and fails with
+    /// [`Error::QpDestroyed`] after; the id's own posts ([`post_send_slot`](Self::post_send_slot)
+    /// …) work too.
+    ///
+    /// # Errors
+    /// As [`create_qp_with`](Self::create_qp_with).
+    ///
+    /// # Example
+    ///
+    /// ```no_run
+    /// use std::sync::Arc;
+    /// use std::time::Duration;
+    /// use evchan_core::{cm, CmId, EventChannel};
+    /// use evchan_core::verbs::{OwnedCompChannel, OwnedCq, OwnedMr, OwnedPd, QpInit, SlotPool};
+    ///
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let channel = EventChannel::new()?;
+    /// let t = Duration::from_secs(2);
+    /// let id = CmId::new(&channel, cm::PortSpace::Tcp)?
+    ///     .resolve_addr(None, ([169, 254, 77, 1], 7471).into(), t)
+    ///     .map_err(|e| e.error)?;
+    /// let id = id.addr_resolved(&channel.get_event()?).map_err(|e| e.error)?;
+    /// let ctx = Arc::new(id.context()?);
+    /// let pd = OwnedPd::new(ctx.clone())?;
+    /// let cq = OwnedCq::new(&OwnedCompChannel::new(ctx)?, 64)?;
+    /// let id = id.resolve_route(t).map_err(|e| e.error)?;
+    /// let mut id = id.route_resolved(&channel.get_event()?).map_err(|e| e.error)?;
+    /// let qp = id.create_qp_owned(&pd, &cq, &cq, &QpInit::new())?;
+    /// let (pool, mut slots) = SlotPool::new(4, 64)?;
+    /// let mr = OwnedMr::new(&pd, pool)?;
+    /// // The handle, the CQ and the region are 'static: another thread posts and polls.
+    /// let posted = std::thread::spawn(move || qp.post_recv_slot(mr.mr(), slots.pop().unwrap()))
+    ///     .join()
+    ///     .unwrap()?;
+    /// drop(id); // destroys the QP; the handle's later posts fail with QpDestroyed
+    /// # drop(posted);
+    /// # Ok(())
+    /// # }
+    /// ```
+    #[doc(alias = "rdma_create_qp")]
+    pub fn create_qp_owned(
+        &mut self,
+        pd: &OwnedPd,
+        send_cq: &OwnedCq,
+        recv_cq: &OwnedCq,
+        init: &QpInit,
+    ) -> crate::Result<QpHandle>
+    where
+        S: CanCreateQp,
+    {
+        self.raw
+            .create_qp_owned(pd.cell(), send_cq.cell(), recv_cq.cell(), init.caps())
+            .map(QpHandle::new)
             .map_err(|e| crate::Error::os("rdma_create_qp", e))
     }
 

@@ -60,7 +60,7 @@ use super::{Context, Cq, CqEvent, CqId, Error, Result, WorkCompletion};
 #[doc(alias = "ibv_create_comp_channel")]
 #[doc(alias = "ibv_destroy_comp_channel")]
 pub struct CompChannel<'ctx> {
-    pub(super) raw: ffi::CompChannel<'ctx>,
+    pub(crate) raw: ffi::CompChannel<'ctx>,
     /// [`wait`](Self::wait) woke on the descriptor and has not read the events since: the
     /// next wait that finds the CQs empty reads them before it arms. A hint only: `poll(2)`
     /// is level-triggered, so a wait never sleeps while an event is queued, whatever it says.
@@ -358,6 +358,40 @@ impl AsyncWaiter<'_, '_> {
             }
             // Kept, not cleared: the events are read by the next turn that finds the CQs empty.
             let _seen = readable.ready().await.map_err(Error::io("readiness"))?;
+        }
+    }
+
+    /// [`wait`](Self::wait) as a poll function, for futures written by hand: hands every
+    /// completion found to `on_wc` and returns `Ready(Ok(n))` with their number (at least one),
+    /// or `Pending` once the CQs are armed and polled again and `cx`'s waker is registered
+    /// for the channel's readiness. The same turn as `wait`'s: a wake-up's completions come
+    /// first, its events are read (and their acks counted) by the next call that finds the
+    /// CQs empty, before they are armed again.
+    ///
+    /// The waker registered is `cx`'s alone (tokio keeps the last one per readiness): tasks
+    /// that share a channel must share one waker that wakes them all.
+    ///
+    /// # Errors
+    /// As [`wait`](Self::wait).
+    pub fn poll_wait(
+        &self,
+        cqs: &[&Cq<'_>],
+        cx: &mut std::task::Context<'_>,
+        mut on_wc: impl FnMut(usize, WorkCompletion),
+    ) -> std::task::Poll<Result<usize>> {
+        use std::task::Poll;
+        loop {
+            let n = self.turn(cqs, cx, &mut on_wc)?;
+            if n > 0 {
+                return Poll::Ready(Ok(n));
+            }
+            // Armed and empty: sleep unless the readiness came meanwhile (kept, not cleared:
+            // the next turn reads the events after it found the CQs empty).
+            match self.readable.poll_ready(cx) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(Error::io("readiness")(e))),
+                Poll::Ready(Ok(_seen)) => {}
+            }
         }
     }
 

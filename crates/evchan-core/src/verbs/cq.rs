@@ -71,7 +71,7 @@ impl CqId {
 #[doc(alias = "ibv_create_cq")]
 #[doc(alias = "ibv_destroy_cq")]
 pub struct Cq<'ch> {
-    pub(super) raw: ffi::Cq<'ch>,
+    pub(crate) raw: ffi::Cq<'ch>,
     channel: &'ch CompChannel<'ch>,
 }
 

@@ -538,7 +538,7 @@ impl fmt::Debug for Gid {
 #[doc(alias = "ibv_dealloc_pd")]
 #[derive(Debug)]
 pub struct Pd<'ctx> {
-    pub(super) raw: ffi::Pd<'ctx>,
+    pub(crate) raw: ffi::Pd<'ctx>,
 }
 
 impl<'ctx> Pd<'ctx> {

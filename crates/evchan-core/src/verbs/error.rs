@@ -38,6 +38,10 @@ pub enum Error {
     /// acked; poll (and re-arm) that CQ.
     #[error("completion event for CQ {0:?}, which is not in the list given; it was acked")]
     UnlistedCq(CqId),
+    /// The QP of a [`QpHandle`](super::QpHandle) is gone: its rdma_cm id destroyed it (when
+    /// the id went, or by `destroy_qp`). Nothing was posted.
+    #[error("the QP was destroyed by its rdma_cm id; nothing was posted")]
+    QpDestroyed,
 }
 
 impl Error {
@@ -64,6 +68,7 @@ impl From<Error> for io::Error {
             }
             Error::InvalidArgument(_) => io::Error::new(io::ErrorKind::InvalidInput, e),
             Error::UnlistedCq(_) => io::Error::other(e),
+            Error::QpDestroyed => io::Error::new(io::ErrorKind::NotConnected, e),
         }
     }
 }

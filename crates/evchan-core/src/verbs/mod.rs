@@ -14,6 +14,11 @@
 //! | the device owns a posted buffer until its completion | [`Qp::post_send`] / [`Qp::post_recv`] take the [`Mr`] by value and return it for the completion ([`Posted`]) |
 //! | a work request's region is registered with the QP's PD | the owned posts refuse another PD's [`Mr`] before posting ([`ForeignPd`]) |
 //!
+//! Beside these borrowed types, [`owned`] has their `'static` forms ([`OwnedPd`],
+//! [`OwnedCompChannel`], [`OwnedCq`], [`OwnedMr`], `CqWaiter`), which keep their parents alive
+//! by reference count, and [`QpHandle`], the revocable handle of an rdma_cm id's QP, for
+//! handles that move between tasks and threads.
+//!
 //! # With rdma_cm
 //!
 //! The same objects serve connections made by rdma_cm: after address resolution an id hands
@@ -66,6 +71,7 @@ mod cq;
 mod device;
 mod error;
 mod mr;
+pub mod owned;
 mod qp;
 mod slots;
 mod wc;
@@ -80,6 +86,9 @@ pub use cq::{Cq, CqEvent, CqId, ACK_BATCH};
 pub use device::{Context, Device, DeviceList, Gid, GidType, LinkLayer, Mtu, Pd, Port, PortState};
 pub use error::{Error, ForeignPd, PostError, Result};
 pub use mr::Mr;
+#[cfg(feature = "tokio")]
+pub use owned::CqWaiter;
+pub use owned::{OwnedCompChannel, OwnedCq, OwnedMr, OwnedPd, QpHandle};
 pub use qp::{Posted, Qp, QpCaps, QpState, RtrAttr, RtsAttr};
 pub use slots::{PostedSlot, Slot, SlotError, SlotPool, SlotPostError};
 pub use wc::{WcOpcode, WcStatus, WorkCompletion};

@@ -56,7 +56,7 @@ const LOCAL_WRITE: u32 = 1;
 #[doc(alias = "ibv_reg_mr")]
 #[doc(alias = "ibv_dereg_mr")]
 pub struct Mr<'pd, B: MrBuffer> {
-    pub(super) raw: ffi::Mr<'pd, B>,
+    pub(crate) raw: ffi::Mr<'pd, B>,
 }
 
 impl<'pd> Pd<'pd> {

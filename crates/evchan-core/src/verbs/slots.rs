@@ -491,7 +491,7 @@ fn post(
     }
 }
 
-fn recv_on(
+pub(super) fn recv_on(
     qp: Option<ffi::QpPtr<'_>>,
     mr: &Mr<'_, SlotPool>,
     slot: Slot,
@@ -499,7 +499,7 @@ fn recv_on(
     post("ibv_post_recv", qp, mr, slot, ffi::SlotOp::Recv)
 }
 
-fn send_on(
+pub(super) fn send_on(
     qp: Option<ffi::QpPtr<'_>>,
     mr: &Mr<'_, SlotPool>,
     slot: Slot,

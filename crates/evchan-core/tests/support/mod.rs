@@ -143,6 +143,27 @@ mod cpu;
 #[allow(unused_imports)]
 pub use cpu::thread_cpu_ticks;
 
+/// How many objects of `kind` (`cm_id`, `qp`, `cq`, `pd`, `mr`, `ctx`) `rdma resource show`
+/// lists for this process; `None` without the `rdma` tool.
+pub fn rdma_objects_of_process(kind: &str) -> Option<usize> {
+    // The kernel reports the id of the creating *thread* (the test's, not the process's).
+    let tids: Vec<String> = std::fs::read_dir("/proc/self/task")
+        .unwrap()
+        .flatten()
+        .map(|t| format!(" pid {} ", t.file_name().to_string_lossy()))
+        .collect();
+    let o = std::process::Command::new("rdma")
+        .args(["resource", "show", kind])
+        .output()
+        .ok()?;
+    let text = String::from_utf8_lossy(&o.stdout);
+    Some(
+        text.lines()
+            .filter(|l| tids.iter().any(|t| l.contains(t.as_str())))
+            .count(),
+    )
+}
+
 /// Resident set size of this process, in bytes.
 pub fn rss_bytes() -> u64 {
     let statm = std::fs::read_to_string("/proc/self/statm").unwrap();

@@ -15,6 +15,7 @@ use evchan_sys as sys;
 
 use super::{Gate, RawChannel};
 use crate::ffi::addr::{self, SockAddr};
+use crate::ffi::owned::{CqCell, PdCell, QpGate};
 use crate::ffi::verbs::{check_same_context, ContextRef, Cq, Pd, PdRef, QpCaps, QpPtr};
 
 /// The shared record of one C id: see the module docs.
@@ -38,13 +39,30 @@ struct IdState {
     destroyed: bool,
     /// `rdma_create_qp` succeeded with library-made CQs: the QP goes with the id.
     has_qp: bool,
-    /// `rdma_create_qp` succeeded on the caller's PD and CQs ([`Id::create_qp_with`]), which
-    /// are borrowed only as long as the owner: the QP is destroyed when the owner goes (never
-    /// deferred), and the id's `pd` is put back to this value, librdmacm's own PD (the call
-    /// set it to the caller's).
-    user_qp: Option<*mut sys::ibv_pd>,
+    /// `rdma_create_qp` succeeded on the caller's PD and CQs ([`Id::create_qp_with`], which
+    /// borrows them only as long as the owner, or [`Id::create_qp_owned`]): the QP is
+    /// destroyed when the owner goes (never deferred).
+    user_qp: Option<UserQp>,
     /// Multicast groups joined and not left: left before the id is destroyed.
     groups: Vec<SocketAddr>,
+}
+
+/// A QP on the caller's PD and CQs.
+#[derive(Debug)]
+struct UserQp {
+    /// librdmacm's own PD of the id, put back after the destroy (`rdma_create_qp` set the
+    /// caller's).
+    lib_pd: *mut sys::ibv_pd,
+    /// The owned style's gate and the parents it keeps alive; `None` for a borrowed QP.
+    owned: Option<OwnedQp>,
+}
+
+/// What [`Id::create_qp_owned`] keeps for its QP: the gate every handle shares, and the PD and
+/// CQs, alive until the QP is destroyed.
+#[derive(Debug)]
+struct OwnedQp {
+    gate: Arc<QpGate>,
+    _parents: (Arc<PdCell>, Arc<CqCell>, Arc<CqCell>),
 }
 
 // SAFETY: the raw id is used only under the module's protocol: the owner (which is `!Sync`)
@@ -94,14 +112,20 @@ impl IdInner {
         self.claims.load(Ordering::Acquire).saturating_sub(1)
     }
 
-    /// `rdma_destroy_qp` of a QP made by [`Id::create_qp_with`], and `pd` put back to
-    /// librdmacm's. Called with the gate held and the state locked, so no reader
-    /// touches the QP and no destroy of the id runs meanwhile, by the owner: from its drop or
-    /// from [`Id::destroy_qp`].
-    fn destroy_user_qp(&self, lib_pd: *mut sys::ibv_pd) {
+    /// `rdma_destroy_qp` of a QP made by [`Id::create_qp_with`] or [`Id::create_qp_owned`]
+    /// (whose gate is closed first, and whose parents go after), and `pd` put back to
+    /// librdmacm's. Called with the gate held and the state locked, so no reader touches the QP
+    /// and no destroy of the id runs meanwhile, by the owner: from its drop or from
+    /// [`Id::destroy_qp`].
+    fn destroy_user_qp(&self, qp: UserQp) {
+        if let Some(owned) = &qp.owned {
+            // Waits for the posts inside; later ones are refused.
+            owned.gate.close();
+        }
         // SAFETY: the id is live (its owner is being dropped or is borrowed, so `destroyed` is
         // false) and has the QP (the caller took `user_qp`, so it is destroyed once); the
-        // caller's PD and CQs are still borrowed by the owner. No reader of the
+        // caller's PD and CQs are still borrowed by the owner (or held by `qp.owned`), and no
+        // handle posts on the QP (its gate is closed). No reader of the
         // channel is inside `rdma_get_cm_event` (the gate), where librdmacm modifies the QP for
         // a CONNECT_RESPONSE or REJECTED of the id. Async events naming the QP are acked at read
         // (`ffi::verbs::RawAsyncEvent`), so `ibv_destroy_qp` does not wait on one. The CQs are
@@ -109,7 +133,9 @@ impl IdInner {
         unsafe { sys::rdma_destroy_qp(self.raw.as_ptr()) };
         // SAFETY: the id is live; its owner (the only writer) is being dropped or is borrowed
         // by this call, under the lock.
-        unsafe { (*self.raw.as_ptr()).pd = lib_pd };
+        unsafe { (*self.raw.as_ptr()).pd = qp.lib_pd };
+        // The owned QP's parents go now, after the QP.
+        drop(qp);
     }
 
     /// Drops one claim (the owner's, or one pending event's) and destroys the C id when it was
@@ -148,8 +174,8 @@ impl IdInner {
         let _no_reader = gate.lock().unwrap_or_else(PoisonError::into_inner);
         let mut st = self.lock();
         if owner {
-            if let Some(lib_pd) = st.user_qp.take() {
-                self.destroy_user_qp(lib_pd);
+            if let Some(qp) = st.user_qp.take() {
+                self.destroy_user_qp(qp);
             }
         }
         // A reader may have counted another event while we waited for the gate: then the
@@ -412,7 +438,7 @@ impl<'ch> Id<'ch> {
     /// The id's QP, when [`Id::create_qp_with`] made it (on the caller's CQs); `None` for no
     /// QP or one with library-made CQs.
     pub(crate) fn user_qp(&self) -> Option<QpPtr<'_>> {
-        self.inner.lock().user_qp?;
+        self.inner.lock().user_qp.as_ref()?;
         // SAFETY: `qp` is NULL or the QP from `create_qp_with`, destroyed only in the owner's
         // drop (`release`) or by `destroy_qp` (`&mut self`), neither of which can run while
         // `self` is borrowed.
@@ -508,8 +534,48 @@ impl<'ch> Id<'ch> {
             recv_cq.ptr.as_ptr(),
             caps,
         )?;
-        self.inner.lock().user_qp = Some(lib_pd);
+        self.inner.lock().user_qp = Some(UserQp {
+            lib_pd,
+            owned: None,
+        });
         Ok(())
+    }
+
+    /// `rdma_create_qp` on the PD and CQs of the owned style, which the id's record keeps
+    /// alive until the QP is destroyed: the gate of the QP, shared by every
+    /// [`QpHandle`](crate::verbs::QpHandle). Destroyed, as a borrowed one, when the owner goes
+    /// or by [`Self::destroy_qp`], after the gate is closed.
+    pub(crate) fn create_qp_owned(
+        &mut self,
+        pd: &Arc<PdCell>,
+        send_cq: &Arc<CqCell>,
+        recv_cq: &Arc<CqCell>,
+        caps: QpCaps,
+    ) -> io::Result<Arc<QpGate>> {
+        let (pd_raw, send_raw, recv_raw) = (&pd.pd().raw, &send_cq.cq().raw, &recv_cq.cq().raw);
+        check_same_context(pd_raw, send_raw, recv_raw)?;
+        // SAFETY: live id; read under the gate (`read_locked`), so librdmacm is not writing it.
+        let lib_pd = self.read_locked(|id| unsafe { (*id).pd });
+        self.create_qp_raw(
+            pd_raw.ptr.as_ptr(),
+            send_raw.ptr.as_ptr(),
+            recv_raw.ptr.as_ptr(),
+            caps,
+        )?;
+        // SAFETY: `rdma_create_qp` just made the id's QP, which only `destroy_user_qp` destroys,
+        // and that closes the gate first.
+        let qp = unsafe { QpPtr::from_raw(self.qp()) }
+            .ok_or_else(|| io::Error::from_raw_os_error(libc::EIO))?;
+        // SAFETY: as above.
+        let gate = Arc::new(unsafe { QpGate::new(qp) });
+        self.inner.lock().user_qp = Some(UserQp {
+            lib_pd,
+            owned: Some(OwnedQp {
+                gate: Arc::clone(&gate),
+                _parents: (Arc::clone(pd), Arc::clone(send_cq), Arc::clone(recv_cq)),
+            }),
+        });
+        Ok(gate)
     }
 
     /// `rdma_destroy_qp` of the id's QP, made by [`Self::create_qp`] or [`Self::create_qp_with`],
@@ -524,8 +590,8 @@ impl<'ch> Id<'ch> {
         let gate = Arc::clone(&self.inner.lock().gate);
         let _no_reader = gate.lock().unwrap_or_else(PoisonError::into_inner);
         let mut st = self.inner.lock();
-        if let Some(lib_pd) = st.user_qp.take() {
-            self.inner.destroy_user_qp(lib_pd);
+        if let Some(qp) = st.user_qp.take() {
+            self.inner.destroy_user_qp(qp);
             return Ok(());
         }
         if !std::mem::take(&mut st.has_qp) {
@@ -647,7 +713,14 @@ impl<'ch> Id<'ch> {
     pub(crate) fn migrate<'to>(self, to: &'to RawChannel) -> Result<Id<'to>, (Self, io::Error)> {
         let gate = Arc::clone(&self.inner.lock().gate);
         let no_reader = gate.lock().unwrap_or_else(PoisonError::into_inner);
-        let busy = self.inner.pending() > 0 || self.inner.lock().user_qp.is_some();
+        // A QP of the owned style keeps its parents itself: it may move with the id.
+        let borrowed_qp = self
+            .inner
+            .lock()
+            .user_qp
+            .as_ref()
+            .is_some_and(|qp| qp.owned.is_none());
+        let busy = self.inner.pending() > 0 || borrowed_qp;
         if busy {
             drop(no_reader);
             return Err((self, io::Error::from_raw_os_error(libc::EBUSY)));

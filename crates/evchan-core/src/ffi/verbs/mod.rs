@@ -86,6 +86,11 @@ impl<T> Borrowed<'_, T> {
     pub(crate) fn key(&self) -> usize {
         self.ptr.as_ptr() as usize
     }
+
+    /// The object's address.
+    pub(crate) fn as_non_null(&self) -> NonNull<T> {
+        self.ptr
+    }
 }
 
 impl<T> Clone for Borrowed<'_, T> {

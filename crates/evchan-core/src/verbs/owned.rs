@@ -1,0 +1,381 @@
+//! The owned style: verbs objects that are `Send + Sync + 'static`, for handles that move
+//! between tasks and threads (an async connection, a pool of them), beside the borrowed style
+//! of the rest of [`verbs`](super).
+//!
+//! The borrowed style puts the destroy order in lifetimes: a [`Cq<'ch>`](Cq) borrows its
+//! [`CompChannel`], a [`Pd<'ctx>`](Pd) its [`Context`]. That cannot describe an object that a
+//! `'static` handle carries. Here the parent is kept alive by reference count instead, as
+//! rustix has `OwnedFd` beside `BorrowedFd` and tokio `OwnedMutexGuard` beside `MutexGuard`:
+//!
+//! | owned | holds (by `Arc`) | lends |
+//! |---|---|---|
+//! | [`OwnedPd`] | its `Arc<Context>` | [`Pd`] ([`OwnedPd::pd`]) |
+//! | [`OwnedCompChannel`] | its `Arc<Context>` | [`CompChannel`] ([`OwnedCompChannel::channel`]) |
+//! | [`OwnedCq`] | its [`OwnedCompChannel`] | [`Cq`] ([`OwnedCq::cq`]) |
+//! | [`OwnedMr<B>`](OwnedMr) | its [`OwnedPd`] | [`Mr`] ([`OwnedMr::mr`]) |
+//! | [`CqWaiter`] (feature `tokio`) | its [`OwnedCompChannel`] | [`AsyncWaiter`] ([`CqWaiter::waiter`]) |
+//!
+//! So the wrong destroy order cannot be written: a parent goes only after its last child,
+//! whatever order the handles are dropped in, on whatever thread. What an owned handle lends is
+//! the borrowed type itself, borrowed from the handle, so every operation (polls, waits, posts,
+//! acks) and every rule of the borrowed style applies unchanged.
+//!
+//! A QP made by an rdma_cm id on owned objects ([`CmId::create_qp_owned`]) belongs to the id,
+//! which destroys it (when it goes, or by [`CmId::destroy_qp`]). Its [`QpHandle`] is the
+//! revocable kind: it posts from anywhere while the QP lives and fails cleanly with
+//! [`Error::QpDestroyed`] once it is gone; a post never reaches a destroyed QP (the destroy
+//! waits for the posts inside).
+//!
+//! Leaking an owned handle ([`std::mem::forget`], `Box::leak`) leaks its object and every
+//! parent; nothing else happens (no destroy waits on it, no descriptor is closed under it).
+//!
+//! # Example
+//!
+//! ```no_run
+//! use std::sync::Arc;
+//! use evchan_core::verbs::{Context, OwnedCompChannel, OwnedCq, OwnedMr, OwnedPd, SlotPool};
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let ctx = Arc::new(Context::open_first()?);
+//! let pd = OwnedPd::new(ctx.clone())?;
+//! let cq = OwnedCq::new(&OwnedCompChannel::new(ctx)?, 64)?;
+//! let (pool, slots) = SlotPool::new(8, 4096)?;
+//! let mr = OwnedMr::new(&pd, pool)?;
+//! // All of them are 'static: move them into a thread (or a task), in any order.
+//! std::thread::spawn(move || {
+//!     let mut wcs = Vec::new();
+//!     cq.cq().poll(&mut wcs, 16).unwrap();
+//!     drop((pd, cq, mr, slots));
+//! })
+//! .join()
+//! .unwrap();
+//! # Ok(())
+//! # }
+//! ```
+
+use std::fmt;
+use std::sync::Arc;
+
+use crate::ffi::owned as ffi;
+
+#[cfg(feature = "tokio")]
+use super::AsyncWaiter;
+use super::{
+    CompChannel, Context, Cq, Error, Mr, MrBuffer, Pd, PostedSlot, Result, Slot, SlotPool,
+    SlotPostError,
+};
+#[allow(unused_imports)] // doc links
+use crate::CmId;
+
+/// A protection domain (`ibv_alloc_pd`) that keeps its [`Context`] alive: the owned form of
+/// [`Pd`]. Cheap to clone (one `Arc`); `ibv_dealloc_pd` runs when the last clone and the last
+/// [`OwnedMr`] and QP on it are gone.
+#[derive(Clone)]
+pub struct OwnedPd(Arc<ffi::PdCell>);
+
+impl OwnedPd {
+    /// `ibv_alloc_pd` on `ctx`.
+    ///
+    /// # Errors
+    /// [`Error::Io`] with the `ibv_alloc_pd` error.
+    #[doc(alias = "ibv_alloc_pd")]
+    pub fn new(ctx: Arc<Context>) -> Result<Self> {
+        Ok(Self(Arc::new(ffi::PdCell::new(ctx)?)))
+    }
+
+    /// The PD, borrowed from this handle.
+    #[must_use]
+    pub fn pd(&self) -> &Pd<'_> {
+        self.0.pd()
+    }
+
+    /// The context the PD was allocated on.
+    #[must_use]
+    pub fn context(&self) -> &Arc<Context> {
+        self.0.context()
+    }
+
+    pub(crate) fn cell(&self) -> &Arc<ffi::PdCell> {
+        &self.0
+    }
+}
+
+impl fmt::Debug for OwnedPd {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("OwnedPd").field(self.pd()).finish()
+    }
+}
+
+/// A completion channel (`ibv_create_comp_channel`) that keeps its [`Context`] alive: the
+/// owned form of [`CompChannel`]. Cheap to clone; destroyed when the last clone and the last
+/// [`OwnedCq`] and [`CqWaiter`] on it are gone.
+#[derive(Clone)]
+pub struct OwnedCompChannel(Arc<ffi::ChannelCell>);
+
+impl OwnedCompChannel {
+    /// `ibv_create_comp_channel` on `ctx`, as [`CompChannel::new`].
+    ///
+    /// # Errors
+    /// As [`CompChannel::new`].
+    #[doc(alias = "ibv_create_comp_channel")]
+    pub fn new(ctx: Arc<Context>) -> Result<Self> {
+        Ok(Self(Arc::new(ffi::ChannelCell::new(ctx)?)))
+    }
+
+    /// The channel, borrowed from this handle.
+    #[must_use]
+    pub fn channel(&self) -> &CompChannel<'_> {
+        self.0.channel()
+    }
+
+    /// The context the channel was created on.
+    #[must_use]
+    pub fn context(&self) -> &Arc<Context> {
+        self.0.context()
+    }
+
+    /// Registers the channel with the current tokio runtime's reactor: the owned form of
+    /// [`CompChannel::async_waiter`].
+    ///
+    /// # Errors
+    /// The reactor's registration error.
+    ///
+    /// # Panics
+    /// Outside a tokio runtime with I/O enabled (as tokio's `AsyncFd`).
+    #[cfg(feature = "tokio")]
+    pub fn waiter(&self) -> std::io::Result<CqWaiter> {
+        Ok(CqWaiter(ffi::WaiterCell::new(Arc::clone(&self.0))?))
+    }
+}
+
+impl fmt::Debug for OwnedCompChannel {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("OwnedCompChannel")
+            .field(self.channel())
+            .finish()
+    }
+}
+
+/// A completion queue (`ibv_create_cq`) that keeps its [`OwnedCompChannel`] alive: the owned
+/// form of [`Cq`]. Cheap to clone; destroyed (its events' acks flushed first, as [`Cq`]'s drop
+/// does) when the last clone and the last QP on it are gone.
+#[derive(Clone)]
+pub struct OwnedCq(Arc<ffi::CqCell>);
+
+impl OwnedCq {
+    /// `ibv_create_cq` on `channel` with room for at least `min_entries` completions, as
+    /// [`Cq::new`].
+    ///
+    /// # Errors
+    /// As [`Cq::new`].
+    #[doc(alias = "ibv_create_cq")]
+    pub fn new(channel: &OwnedCompChannel, min_entries: u32) -> Result<Self> {
+        Ok(Self(Arc::new(ffi::CqCell::new(
+            Arc::clone(&channel.0),
+            min_entries,
+        )?)))
+    }
+
+    /// The CQ, borrowed from this handle: poll, arm and wait on it as on any [`Cq`].
+    #[must_use]
+    pub fn cq(&self) -> &Cq<'_> {
+        self.0.cq()
+    }
+
+    /// The channel the CQ reports to.
+    #[must_use]
+    pub fn channel(&self) -> OwnedCompChannel {
+        OwnedCompChannel(Arc::clone(self.0.channel()))
+    }
+
+    pub(crate) fn cell(&self) -> &Arc<ffi::CqCell> {
+        &self.0
+    }
+}
+
+impl fmt::Debug for OwnedCq {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("OwnedCq").field(self.cq()).finish()
+    }
+}
+
+/// A memory region (`ibv_reg_mr`) that keeps its [`OwnedPd`] alive: the owned form of
+/// [`Mr`]. Not `Clone` (it owns its buffer); deregistered when dropped, as [`Mr`].
+pub struct OwnedMr<B: MrBuffer>(ffi::MrCell<B>);
+
+impl<B: MrBuffer> OwnedMr<B> {
+    /// `ibv_reg_mr` of `buf` on `pd` (local write access), as [`Mr::new`].
+    ///
+    /// # Errors
+    /// [`Error::Io`] with the `ibv_reg_mr` error; the buffer is dropped. See [`Self::try_new`]
+    /// to get it back.
+    #[doc(alias = "ibv_reg_mr")]
+    pub fn new(pd: &OwnedPd, buf: B) -> Result<Self> {
+        Self::try_new(pd, buf).map_err(|(e, _)| e)
+    }
+
+    /// [`new`](Self::new), giving the buffer back on failure.
+    ///
+    /// # Errors
+    /// The `ibv_reg_mr` error, with the buffer.
+    pub fn try_new(pd: &OwnedPd, buf: B) -> std::result::Result<Self, (Error, B)> {
+        ffi::MrCell::new(Arc::clone(&pd.0), buf).map(Self)
+    }
+
+    /// The region, borrowed from this handle (post from it, read its keys).
+    #[must_use]
+    pub fn mr(&self) -> &Mr<'_, B> {
+        self.0.mr()
+    }
+
+    /// The registered bytes, mutably ([`Mr::as_mut_slice`]).
+    #[must_use]
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        self.0.as_mut_slice()
+    }
+
+    /// The PD the region is registered with.
+    #[must_use]
+    pub fn pd(&self) -> OwnedPd {
+        OwnedPd(Arc::clone(self.0.pd()))
+    }
+
+    /// `ibv_dereg_mr`, then the buffer back, as [`Mr::into_inner`].
+    ///
+    /// # Errors
+    /// As [`Mr::into_inner`].
+    pub fn into_inner(self) -> Result<B> {
+        self.0.into_inner()
+    }
+}
+
+impl<B: MrBuffer> fmt::Debug for OwnedMr<B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("OwnedMr").field(self.mr()).finish()
+    }
+}
+
+/// An [`OwnedCompChannel`] registered with a tokio runtime's reactor (feature `tokio`), from
+/// [`OwnedCompChannel::waiter`]: the owned form of [`AsyncWaiter`]. Keeps the channel alive;
+/// its registration goes before the channel's descriptor is closed.
+#[cfg(feature = "tokio")]
+#[derive(Debug)]
+pub struct CqWaiter(ffi::WaiterCell);
+
+#[cfg(feature = "tokio")]
+impl CqWaiter {
+    /// The waiter, borrowed from this handle: [`AsyncWaiter::wait`] and
+    /// [`AsyncWaiter::poll_wait`] on the channel's CQs.
+    #[must_use]
+    pub fn waiter(&self) -> &AsyncWaiter<'_, '_> {
+        self.0.waiter()
+    }
+
+    /// The channel it waits on.
+    #[must_use]
+    pub fn channel(&self) -> OwnedCompChannel {
+        OwnedCompChannel(Arc::clone(self.0.channel()))
+    }
+}
+
+/// The QP of an rdma_cm id made on owned objects ([`CmId::create_qp_owned`]), for posting
+/// from anywhere: `Send + Sync + 'static`, cheap to clone, revocable.
+///
+/// The id owns the QP and destroys it when it goes (or by [`CmId::destroy_qp`]); every handle
+/// then fails its posts with [`Error::QpDestroyed`], the slot coming back unchanged. A post
+/// that runs while the id destroys the QP finishes first (the destroy waits for it), so no
+/// post ever reaches a destroyed QP. The PD and CQs the QP was made on stay alive until it is
+/// destroyed, whatever is dropped first.
+///
+/// The posts are [`CmId::post_send_slot`] and [`CmId::post_recv_slot`]'s, with the same
+/// checks (a slot of the region's pool, a region of the QP's PD).
+#[derive(Clone)]
+pub struct QpHandle(Arc<crate::ffi::owned::QpGate>);
+
+impl QpHandle {
+    pub(crate) fn new(gate: Arc<crate::ffi::owned::QpGate>) -> Self {
+        Self(gate)
+    }
+
+    /// The QP's number (`ibv_qp::qp_num`), as the completions of its work requests carry it.
+    #[must_use]
+    pub fn qp_num(&self) -> u32 {
+        self.0.qp_num()
+    }
+
+    /// Whether the QP is still there (its id has not destroyed it). Only a hint: the id may
+    /// destroy it right after.
+    #[must_use]
+    pub fn is_alive(&self) -> bool {
+        self.0.is_open()
+    }
+
+    /// `ibv_post_recv` into the whole of `slot`, as [`CmId::post_recv_slot`].
+    ///
+    /// # Errors
+    /// [`SlotPostError`], with the slot: [`Error::QpDestroyed`] once the id destroyed the QP,
+    /// else as [`CmId::post_recv_slot`].
+    #[doc(alias = "ibv_post_recv")]
+    #[inline]
+    pub fn post_recv_slot(
+        &self,
+        mr: &Mr<'_, SlotPool>,
+        slot: Slot,
+    ) -> std::result::Result<PostedSlot, SlotPostError> {
+        self.0.with(|qp| match qp {
+            Some(qp) => super::slots::recv_on(Some(qp), mr, slot),
+            None => Err(destroyed(slot)),
+        })
+    }
+
+    /// `ibv_post_send` of a signaled SEND of `slot`'s first [`len`](Slot::len) bytes, with
+    /// immediate data when `imm` is `Some`, as [`CmId::post_send_slot`].
+    ///
+    /// # Errors
+    /// [`SlotPostError`], with the slot: [`Error::QpDestroyed`] once the id destroyed the QP,
+    /// else as [`CmId::post_send_slot`] (`ENOMEM`: the send queue is full).
+    #[doc(alias = "ibv_post_send")]
+    #[inline]
+    pub fn post_send_slot(
+        &self,
+        mr: &Mr<'_, SlotPool>,
+        slot: Slot,
+        imm: Option<u32>,
+    ) -> std::result::Result<PostedSlot, SlotPostError> {
+        self.0.with(|qp| match qp {
+            Some(qp) => super::slots::send_on(Some(qp), mr, slot, imm),
+            None => Err(destroyed(slot)),
+        })
+    }
+}
+
+fn destroyed(slot: Slot) -> SlotPostError {
+    SlotPostError {
+        slot,
+        error: Error::QpDestroyed,
+    }
+}
+
+impl fmt::Debug for QpHandle {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("QpHandle")
+            .field("qp_num", &self.qp_num())
+            .field("alive", &self.is_alive())
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const fn assert_owner<T: Send + Sync + 'static>() {}
+    const _: () = assert_owner::<OwnedPd>();
+    const _: () = assert_owner::<OwnedCompChannel>();
+    const _: () = assert_owner::<OwnedCq>();
+    const _: () = assert_owner::<OwnedMr<SlotPool>>();
+    const _: () = assert_owner::<OwnedMr<Vec<u8>>>();
+    const _: () = assert_owner::<QpHandle>();
+    #[cfg(feature = "tokio")]
+    const _: () = assert_owner::<CqWaiter>();
+}
