@@ -3,9 +3,9 @@
 //! `cargo xtask bench --tools`.
 //!
 //! ```text
-//! tools_pingpong --serve IP:PORT [--busy-poll-us N] [--in-task] [--spawn]
+//! tools_pingpong --serve IP:PORT [--busy-poll-us N] [--multi-thread] [--spawn]
 //! tools_pingpong --connect IP:PORT [--iters N] [--size BYTES] [--busy-poll-us N] [--warmup N]
-//!                [--in-task] [--spawn]
+//!                [--multi-thread] [--spawn]
 //! tools_pingpong --layer core --serve IP:PORT | --connect IP:PORT [--iters N] [--size BYTES]
 //!                [--busy-poll-us N] [--warmup N] [--tokio]
 //! tools_pingpong --layer local --serve IP:PORT | --connect IP:PORT [--iters N] [--size BYTES]
@@ -17,16 +17,14 @@
 //! (default 16), then `--iters` timed ones (default 1000): `send`, then `recv` of the echo,
 //! checked; one message in flight, as `ib_send_lat`. It prints the full round trip's
 //! percentiles (`ib_send_lat` prints half of it; `cargo xtask bench --tools` doubles those).
-//! Without `--busy-poll-us` the shards sleep on their completion channel between completions
-//! (event mode); with it they poll for that window before sleeping (`Config::busy_poll`).
-//! Both sides use one shard and a current-thread tokio runtime. Without `--in-task` the shard
-//! runs on a thread of its own (driver `threads`); with it (`Config::in_task(true)`) it runs as a
-//! task on that current-thread runtime (driver `task`). With `--spawn` each side's loop runs in a
-//! task of its own (`tokio::spawn`) rather than in `block_on`'s future, as an application that
-//! spawns a task per connection does (waking `block_on`'s future writes to the runtime's eventfd
-//! and takes a turn of its reactor; waking a task only puts it on the run queue). The result line
-//! `@tools pingpong mode=event|busy driver=threads|task app=block_on|spawn size=N stats=...`
-//! says which. `--layer core` runs the same ping-pong through `evchan-core` alone, one thread
+//! Without `--busy-poll-us` a waiting `recv` sleeps on the connection's completion channel
+//! (event mode); with it, it polls for that window before sleeping (`Config::busy_poll`).
+//! Each side runs on a current-thread tokio runtime (driver `current`), or with
+//! `--multi-thread` on a multi-thread one of two workers, as `#[tokio::main]` makes (driver
+//! `multi`). With `--spawn` each side's loop runs in a task of its own (`tokio::spawn`) rather
+//! than in `block_on`'s future, as an application that spawns a task per connection does. The
+//! result line `@tools pingpong mode=event|busy driver=current|multi app=block_on|spawn size=N
+//! stats=...` says which. `--layer core` runs the same ping-pong through `evchan-core` alone, one thread
 //! per side and no runtime (`tools_pingpong_core`; `driver=core`; busy-poll with any
 //! `--busy-poll-us`); with `--tokio` the same through a current-thread tokio runtime per side,
 //! whose waits are tokio's (`driver=core-tokio`: the reach of an async API without a shard).
@@ -46,7 +44,7 @@ use tools_support::{emit, fail, us, Stats};
 
 pub(crate) const PROGRAM: &str = "tools_pingpong";
 const USAGE: &str = "usage: tools_pingpong --serve IP:PORT | --connect IP:PORT [--iters N] \
-                     [--size BYTES] [--busy-poll-us N] [--warmup N] [--in-task] [--spawn] \
+                     [--size BYTES] [--busy-poll-us N] [--warmup N] [--multi-thread] [--spawn] \
                      [--layer async|core|local] [--tokio]";
 
 #[derive(Clone)]
@@ -57,7 +55,7 @@ struct Args {
     size: usize,
     warmup: usize,
     busy_poll: Option<Duration>,
-    in_task: bool,
+    multi_thread: bool,
     spawn: bool,
     core: bool,
     local: bool,
@@ -72,7 +70,7 @@ fn main() -> ExitCode {
         size: 64,
         warmup: 16,
         busy_poll: None,
-        in_task: false,
+        multi_thread: false,
         spawn: false,
         core: false,
         local: false,
@@ -82,8 +80,8 @@ fn main() -> ExitCode {
     while let Some(flag) = it.next() {
         // The flags without a value.
         match flag.as_str() {
-            "--in-task" => {
-                a.in_task = true;
+            "--multi-thread" => {
+                a.multi_thread = true;
                 continue;
             }
             "--spawn" => {
@@ -132,16 +130,22 @@ fn main() -> ExitCode {
     let config = Config::new()
         .shards(1)
         .max_message(u32::try_from(a.size.max(64)).unwrap_or(u32::MAX))
-        .busy_poll(a.busy_poll)
-        .in_task(a.in_task);
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap_or_else(|e| fail(PROGRAM, format!("tokio: {e}")));
-    if a.local && (a.in_task || a.spawn) {
+        .busy_poll(a.busy_poll);
+    let rt = if a.multi_thread {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+    } else {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+    }
+    .unwrap_or_else(|e| fail(PROGRAM, format!("tokio: {e}")));
+    if a.local && (a.multi_thread || a.spawn) {
         fail(
             PROGRAM,
-            format!("--in-task and --spawn are not for --layer local\n{USAGE}"),
+            format!("--multi-thread and --spawn are not for --layer local\n{USAGE}"),
         );
     }
     let result = match (a.serve, a.connect, a.spawn) {
@@ -217,7 +221,7 @@ async fn client(addr: SocketAddr, config: Config, a: &Args) -> Result<(), Error>
     };
     let rtt = round_trips(a, &mut conn).await?;
     conn.close().await?;
-    let driver = if a.in_task { "task" } else { "threads" };
+    let driver = if a.multi_thread { "multi" } else { "current" };
     let app = if a.spawn { "spawn" } else { "block_on" };
     report(a, driver, Some(app), &rtt);
     Ok(())
@@ -236,7 +240,7 @@ trait RoundTrip {
     async fn send_recv(&mut self, out: Self::Out, msg: &[u8]) -> Result<Option<Self::Back>, Error>;
 }
 
-/// The shard's `Connection`: the message is copied into the `Vec` it sends before the clock
+/// `Connection`: the message is copied into the `Vec` it sends before the clock
 /// starts, as a user's would be; its echo comes as a `Bytes`.
 impl RoundTrip for Connection {
     type Out = Vec<u8>;

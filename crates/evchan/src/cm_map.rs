@@ -5,7 +5,7 @@
 use std::io;
 
 use evchan_core::cm::{ConnParam, RejectReason, Status};
-use evchan_core::verbs::{Mr, Pd, QpInit, Slot, SlotPool, WcStatus};
+use evchan_core::verbs::{QpInit, Slot, SlotPool, WcStatus};
 use evchan_core::CmEvent;
 
 use crate::config::Config;
@@ -32,18 +32,22 @@ impl Config {
             .max_sge(1)
     }
 
-    /// A connection's memory, registered with `pd`: `recv_depth + ctrl_slots` receive slots,
-    /// and `send_depth` data and `ctrl_slots` control send slots, each of `max_message` bytes.
-    pub(crate) fn pools<'pd>(&self, pd: &'pd Pd<'_>) -> Result<Pools<'pd>> {
+    /// A connection's memory, each pool registered by `register`: `recv_depth + ctrl_slots`
+    /// receive slots, and `send_depth` data and `ctrl_slots` control send slots, each of
+    /// `max_message` bytes.
+    pub(crate) fn pools<M>(
+        &self,
+        mut register: impl FnMut(SlotPool) -> Result<M>,
+    ) -> Result<Pools<M>> {
         let ctrl = u32::from(self.ctrl_slots);
         let size = self.max_message as usize;
         let (recv_pool, recv_slots) = SlotPool::new((self.recv_depth + ctrl) as usize, size)?;
         let (send_pool, mut free_data) = SlotPool::new((self.send_depth + ctrl) as usize, size)?;
         let free_ctrl = free_data.split_off(self.send_depth as usize);
         Ok(Pools {
-            recv_mr: pd.reg_mr(recv_pool)?,
+            recv_mr: register(recv_pool)?,
             recv_slots,
-            send_mr: pd.reg_mr(send_pool)?,
+            send_mr: register(send_pool)?,
             free_data,
             free_ctrl,
         })
@@ -52,10 +56,10 @@ impl Config {
 
 /// What [`Config::pools`] registers: the receive pool with its slots (all to be posted), the
 /// send pool with its free data and control slots.
-pub(crate) struct Pools<'pd> {
-    pub(crate) recv_mr: Mr<'pd, SlotPool>,
+pub(crate) struct Pools<M> {
+    pub(crate) recv_mr: M,
     pub(crate) recv_slots: Vec<Slot>,
-    pub(crate) send_mr: Mr<'pd, SlotPool>,
+    pub(crate) send_mr: M,
     pub(crate) free_data: Vec<Slot>,
     pub(crate) free_ctrl: Vec<Slot>,
 }

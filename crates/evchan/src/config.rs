@@ -27,11 +27,9 @@ pub struct Config {
     pub(crate) connect_timeout: Duration,
     pub(crate) shards: usize,
     pub(crate) backlog: u32,
-    pub(crate) cq_entries: u32,
     pub(crate) busy_poll: Option<Duration>,
     pub(crate) keepalive: Option<Duration>,
     pub(crate) retry_count: u8,
-    pub(crate) in_task: bool,
 }
 
 impl Default for Config {
@@ -43,8 +41,8 @@ impl Default for Config {
 impl Config {
     /// The defaults: 4 KiB messages, 16 receives and 16 sends in flight per connection, 2 s to
     /// resolve the address and the route each, 10 s to connect, a backlog of 128, one
-    /// event-channel shard per available CPU, 16,384 CQ entries per shard, a keepalive after
-    /// 15 s without a completion, 6 transport retries.
+    /// event-channel shard per available CPU, no busy poll, a keepalive after 15 s without a
+    /// completion, 6 transport retries.
     #[must_use]
     pub fn new() -> Self {
         Self {
@@ -57,11 +55,9 @@ impl Config {
             connect_timeout: Duration::from_secs(10),
             shards: std::thread::available_parallelism().map_or(1, usize::from),
             backlog: 128,
-            cq_entries: 16_384,
             busy_poll: None,
             keepalive: Some(Duration::from_secs(15)),
             retry_count: 6,
-            in_task: false,
         }
     }
 
@@ -88,7 +84,8 @@ impl Config {
         self
     }
 
-    /// How many of this side's messages may be queued or in flight before `send` waits.
+    /// How many of this side's messages may be in flight before `send` waits (send slots,
+    /// registered once per connection).
     #[must_use]
     pub fn send_depth(mut self, n: u32) -> Self {
         self.send_depth = n;
@@ -118,9 +115,10 @@ impl Config {
         self
     }
 
-    /// How many event channels (each with its own thread and completion channel) spread the
-    /// connections; at least 1. Listeners and connections with the same number (and the same
-    /// CQ entries and busy-poll window) share them.
+    /// How many event channels, each with a thread of its own, spread the connections'
+    /// rdma_cm events (connects, accepts, disconnects, keepalive checks); at least 1. Their
+    /// messages do not pass through them. Listeners and connections with the same number
+    /// share them.
     #[must_use]
     pub fn shards(mut self, n: usize) -> Self {
         self.shards = n;
@@ -141,22 +139,11 @@ impl Config {
         self
     }
 
-    /// CQ entries of each shard (shared by its connections; each takes
-    /// `recv_depth + send_depth + 2 × 4`). Handles with different values get different shards.
-    #[must_use]
-    pub fn cq_entries(mut self, n: u32) -> Self {
-        self.cq_entries = n;
-        self
-    }
-
-    /// Busy-poll: before a shard sleeps, it polls its CQs, commands and returned buffers
-    /// without sleeping until nothing has happened for `window` (like rsocket's polling
-    /// window). Off by default: it trades a CPU per shard for latency. While it polls, its CQs
-    /// are not armed (no completion events to read); it arms them before it sleeps. With
-    /// [`in_task`](Self::in_task) the shard yields to its runtime after each piece of progress
-    /// and every 64 empty polls, so that the application's tasks on that thread run between
-    /// polls. Handles whose shards, CQ entries and busy-poll window are equal share one set of
-    /// shards.
+    /// Busy-poll: a `recv` that finds nothing polls the connection's completion queue
+    /// without sleeping for `window` (like rsocket's polling window), yielding to the tokio
+    /// runtime every 64 polls, before it arms the queue and sleeps on its completion channel.
+    /// Off by default: it trades the CPU of the waiting task's thread for latency. Per
+    /// connection (a listener's setting is its connections').
     #[must_use]
     pub fn busy_poll(mut self, window: Option<Duration>) -> Self {
         self.busy_poll = window;
@@ -194,39 +181,6 @@ impl Config {
         self
     }
 
-    /// Drive the connections on the caller's tokio runtime instead of on threads of their own:
-    /// one shard (the [`shards`](Self::shards) setting is not used) that runs as a task
-    /// (`tokio::spawn`) on the runtime of the task that first connects or listens with this
-    /// setting on that thread. Receiving, sending and the shard's work then hand over between
-    /// tasks, not threads: on a current-thread runtime a round trip needs no thread wake-up
-    /// besides the completion channel's (see `docs/BENCHMARKS.md`). The runtime must have its
-    /// I/O and time drivers enabled (`enable_all`); outside a tokio runtime, connect and bind
-    /// fail with [`Error::Config`](crate::Error::Config). Handles made on another thread get
-    /// a shard of their own. When that runtime shuts down, the shard is dropped with it:
-    /// everything of its connections and listeners is released, and their handles fail with
-    /// [`Lost::Shutdown`](crate::Lost::Shutdown). With [`busy_poll`](Self::busy_poll), see
-    /// there. A removed device is seen as by a runtime thread (its verbs node gone, looked for
-    /// every 50 ms by a second task on the same runtime; or rdma_cm's `DEVICE_REMOVAL`): the
-    /// handles fail with [`Lost::DeviceRemoved`](crate::Lost::DeviceRemoved) (see
-    /// `docs/RELIABILITY.md`). Off by default.
-    ///
-    /// ```
-    /// # async fn f() -> Result<(), evchan::Error> {
-    /// let config = evchan::Config::new().in_task(true);
-    /// let mut conn = evchan::Connection::builder()
-    ///     .config(config)
-    ///     .connect("169.254.77.1:7471".parse().unwrap())
-    ///     .await?;
-    /// conn.send("ping").await?;
-    /// # Ok(())
-    /// # }
-    /// ```
-    #[must_use]
-    pub fn in_task(mut self, yes: bool) -> Self {
-        self.in_task = yes;
-        self
-    }
-
     pub(crate) fn validate(&self) -> Result<()> {
         let bad = |m: &str| Err(Error::Config(m.to_owned()));
         if self.max_message == 0 {
@@ -256,7 +210,7 @@ impl Config {
         Ok(())
     }
 
-    /// CQ entries one connection takes.
+    /// The entries of a connection's CQ: every work request it may have posted.
     pub(crate) fn cq_cost(&self) -> u32 {
         self.recv_depth + self.send_depth + 2 * u32::from(self.ctrl_slots)
     }

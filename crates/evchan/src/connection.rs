@@ -3,14 +3,18 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
+use std::future::poll_fn;
+use std::time::Instant;
+
 use bytes::Bytes;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::oneshot;
 
 use crate::config::Config;
 use crate::error::{Error, Lost, Result};
 use crate::proto::handshake::HEADER_LEN;
 use crate::proto::Peer;
-use crate::runtime::{Cmd, ConnId, ConnectCmd, Delivery, Established, Runtime, ShardRef, Shared};
+use crate::runtime::{Cmd, ConnId, ConnectCmd, Established, Runtime, ShardRef};
+use crate::wire::Wire;
 
 /// The most user private data `rdma_connect` carries after evchan's handshake (RoCE/IB, TCP
 /// port space: 56 − 16).
@@ -33,13 +37,19 @@ pub(crate) fn check_private_data(data: &[u8], max: usize) -> Result<()> {
 /// A reliable, message-oriented RDMA connection (an RC QP made through rdma_cm).
 ///
 /// Messages keep their boundaries; each is at most the peer's maximum message size. `send`
-/// waits only when `send_depth` messages are already queued or in flight, or the peer has
-/// granted no credit (it has not consumed what it got): a slow reader slows the sender down,
-/// it never makes the connection fail.
+/// posts the message from the calling task and waits only when `send_depth` messages are in
+/// flight or the peer has granted no credit (it has not consumed what it got): a slow reader
+/// slows the sender down, it never makes the connection fail. `recv` polls the connection's
+/// own completion queue from the calling task and, when it is empty, sleeps on its completion
+/// channel through tokio's reactor (or spins first, within [`Config::busy_poll`]'s window): no
+/// message passes through another task or thread.
 ///
 /// `Connection` is `Send + 'static`: move it into `tokio::spawn`, or [`split`](Self::split) it
-/// into halves for two tasks. Dropping it closes it gracefully in the background (queued
-/// messages are still delivered); [`close`](Self::close) does the same and waits.
+/// into halves for two tasks (of any runtime's worker threads: whichever half reaps a
+/// completion hands the other half what is its). The connection's completion channel is
+/// registered with the tokio runtime of the first task that waits on it, which must have its
+/// I/O driver enabled. Dropping the connection closes it gracefully in the background (what
+/// was sent is still delivered); [`close`](Self::close) does the same and waits.
 ///
 /// # Examples
 ///
@@ -65,7 +75,7 @@ pub struct Connection {
 pub struct SendHalf {
     conn: ConnId,
     shard: ShardRef,
-    shared: Arc<Shared>,
+    wire: Arc<Wire>,
     max_send: usize,
     info: Arc<Info>,
     shut: bool,
@@ -76,8 +86,9 @@ pub struct SendHalf {
 pub struct RecvHalf {
     conn: ConnId,
     shard: ShardRef,
-    inbox: mpsc::UnboundedReceiver<Delivery>,
-    end: Option<std::result::Result<(), Lost>>,
+    wire: Arc<Wire>,
+    /// When the current busy poll began (see `Config::busy_poll`).
+    spin: Option<Instant>,
     info: Arc<Info>,
 }
 
@@ -89,14 +100,18 @@ struct Info {
     evchan_peer: bool,
     /// Halves alive: the last one to go closes the connection.
     halves: std::sync::atomic::AtomicU8,
+    /// [`Connection::close`] asked the shard already: the halves' drop does not.
+    closing: std::sync::atomic::AtomicBool,
 }
 
 impl Info {
-    /// Whether the calling half was the last one alive.
+    /// Whether the calling half was the last one alive, and the close is still to be asked.
     fn last_half(&self) -> bool {
-        self.halves
+        let last = self
+            .halves
             .fetch_sub(1, std::sync::atomic::Ordering::AcqRel)
-            == 1
+            == 1;
+        last && !self.closing.load(std::sync::atomic::Ordering::Acquire)
     }
 }
 
@@ -172,8 +187,7 @@ impl Connection {
         let Established {
             conn,
             shard,
-            inbox,
-            shared,
+            wire,
             local_addr,
             peer_addr,
             peer,
@@ -189,12 +203,13 @@ impl Connection {
             peer_private_data,
             evchan_peer,
             halves: std::sync::atomic::AtomicU8::new(2),
+            closing: std::sync::atomic::AtomicBool::new(false),
         });
         Connection {
             send: SendHalf {
                 conn,
                 shard: shard.clone(),
-                shared,
+                wire: Arc::clone(&wire),
                 max_send,
                 info: info.clone(),
                 shut: false,
@@ -202,8 +217,8 @@ impl Connection {
             recv: RecvHalf {
                 conn,
                 shard,
-                inbox,
-                end: None,
+                wire,
+                spin: None,
                 info,
             },
         }
@@ -226,8 +241,10 @@ impl Connection {
     }
 
     /// Closes gracefully: every message sent before is delivered, then the peer's `recv`
-    /// returns `None`; then `rdma_disconnect`, and everything of the connection (id, QP,
-    /// memory regions) is released. Returns once that is done.
+    /// returns `None`; then `rdma_disconnect`, and everything of the connection (id, QP, CQ,
+    /// memory regions) is released. Returns once that is done. The close message (`FIN`) is
+    /// posted, and its completion awaited, from the calling task; the disconnect and the
+    /// release are the shard's.
     ///
     /// `Ok(())` says that the connection ended without a loss and that every message this side
     /// sent was delivered: each send completed (on RC, the peer's side acknowledged it).
@@ -243,21 +260,29 @@ impl Connection {
     /// own close done) before what was queued here went out. Everything is released either
     /// way.
     ///
-    /// Queued messages wait for the peer's credits as long as it takes: a live peer that does
-    /// not read keeps the close waiting (a dead one ends it with the transport's retries).
+    /// The close message waits for a control credit of the peer as long as it takes: a live
+    /// peer that does not read keeps the close waiting (a dead one ends it with the
+    /// transport's retries).
     ///
     /// Cancel safety: dropping the future leaves the close to finish in the background.
     pub async fn close(self) -> Result<()> {
+        // A failure here (no I/O driver in this runtime) leaves the wait to the shard.
+        let _ = poll_fn(|cx| self.send.wire.poll_close(cx)).await;
         let (reply, done) = oneshot::channel();
         let Connection { send, recv } = self;
-        let (shared, shard) = (Arc::clone(&send.shared), send.shard.clone());
+        let (wire, shard) = (Arc::clone(&send.wire), send.shard.clone());
         let sent = send.shard.send(Cmd::Close {
             conn: send.conn,
             reply: Some(reply),
         });
+        if sent {
+            send.info
+                .closing
+                .store(true, std::sync::atomic::Ordering::Release);
+        }
         drop((send, recv));
         let released = sent && done.await.is_ok();
-        shared.close_result(released, shard.lost())
+        wire.close_result(released, shard.lost())
     }
 
     /// The two halves, for two tasks. Dropping the send half sends the close message after
@@ -303,16 +328,20 @@ impl Connection {
 }
 
 impl SendHalf {
-    /// Queues one message for sending, waiting while `send_depth` messages are queued or in
-    /// flight. Messages arrive in order. A message is copied into a registered send slot
-    /// when a credit allows; the `Bytes` are dropped then.
+    /// Sends one message: copies it into a registered send slot and posts it, from the
+    /// calling task, once a send slot is free and (toward an evchan peer) the peer has granted
+    /// a credit; waits until then. Messages arrive in order. Returns once the message is
+    /// posted (the `Bytes` are dropped then); [`Connection::close`] says whether everything
+    /// posted was delivered.
     ///
     /// Cancel safety: cancel-safe. If the future is dropped before it completes, the message
-    /// was not queued and will not be sent; once it completes, the message is queued.
+    /// was not posted and will not be sent; once it completes, it is posted.
     ///
     /// # Errors
     /// [`Error::MessageTooLarge`] (nothing is sent), [`Error::PeerClosed`] after the peer
-    /// disconnected cleanly, [`Error::ConnectionLost`].
+    /// disconnected cleanly, [`Error::ConnectionLost`] (with [`Lost::Closed`] after
+    /// [`shutdown`](Self::shutdown)), [`Error::Config`] on a tokio runtime without its I/O
+    /// driver (the message was not sent).
     pub async fn send(&self, data: impl Into<Bytes>) -> Result<()> {
         let data = data.into();
         if data.len() > self.max_send {
@@ -324,27 +353,15 @@ impl SendHalf {
         if self.shut {
             return Err(Error::ConnectionLost(Lost::Closed));
         }
-        // A free permit is taken without the future and its waiter list (the common case).
-        let permit = match self.shared.permits.try_acquire() {
-            Ok(permit) => permit,
-            Err(tokio::sync::TryAcquireError::Closed) => return Err(self.shared.send_error()),
-            Err(tokio::sync::TryAcquireError::NoPermits) => self
-                .shared
-                .permits
-                .acquire()
-                .await
-                .map_err(|_| self.shared.send_error())?,
-        };
-        permit.forget();
-        self.queue(data)
+        poll_fn(|cx| self.wire.poll_send(cx, &data)).await
     }
 
-    /// Sends the close message after everything queued: the peer's `recv` returns `None`
-    /// once it has read the rest. This side can still receive.
+    /// Sends the close message after everything sent: the peer's `recv` returns `None` once it
+    /// has read the rest. This side can still receive.
     pub fn shutdown(&mut self) {
         if !self.shut {
             self.shut = true;
-            self.shard.send(Cmd::Shutdown(self.conn));
+            self.wire.shutdown();
         }
     }
 
@@ -354,35 +371,18 @@ impl SendHalf {
         self.max_send
     }
 
-    pub(crate) fn poll_permit(
+    /// `send`'s poll, for the byte stream: posts the first `max_message_size` bytes of `buf`
+    /// (or fewer); how many.
+    pub(crate) fn poll_write(
         &self,
-        sem: &mut tokio_util::sync::PollSemaphore,
         cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Result<()>> {
-        match sem.poll_acquire(cx) {
-            std::task::Poll::Ready(Some(p)) => {
-                p.forget();
-                std::task::Poll::Ready(Ok(()))
-            }
-            std::task::Poll::Ready(None) => std::task::Poll::Ready(Err(self.shared.send_error())),
-            std::task::Poll::Pending => std::task::Poll::Pending,
+        buf: &[u8],
+    ) -> std::task::Poll<Result<usize>> {
+        if self.shut {
+            return std::task::Poll::Ready(Err(Error::ConnectionLost(Lost::Closed)));
         }
-    }
-
-    /// Hands `data` to the shard, once a permit is taken.
-    pub(crate) fn queue(&self, data: Bytes) -> Result<()> {
-        if self.shard.send(Cmd::Send {
-            conn: self.conn,
-            data,
-        }) {
-            Ok(())
-        } else {
-            Err(Error::ConnectionLost(self.shard.lost()))
-        }
-    }
-
-    pub(crate) fn semaphore(&self) -> tokio_util::sync::PollSemaphore {
-        tokio_util::sync::PollSemaphore::new(self.shared.permits_arc())
+        let n = buf.len().min(self.max_send);
+        self.wire.poll_send(cx, &buf[..n]).map_ok(|()| n)
     }
 }
 
@@ -400,54 +400,27 @@ impl Drop for SendHalf {
 
 impl RecvHalf {
     /// The next message, `None` once the peer closed cleanly (after every message it sent).
-    /// The `Bytes` point into the registered receive buffer; the buffer is posted again, and
-    /// its credit returned to the peer, when the last clone is dropped — hold messages and
-    /// the peer waits.
+    /// Polls the connection's completion queue from the calling task, and sleeps on its
+    /// completion channel while nothing has come. The `Bytes` point into the registered
+    /// receive buffer; the buffer is posted again, and its credit returned to the peer, when
+    /// the last clone is dropped — hold messages and the peer waits.
     ///
-    /// Cancel safety: cancel-safe. A message is only taken from the queue when the future
-    /// completes; dropping the future loses nothing.
+    /// Cancel safety: cancel-safe. A message is only taken when the future completes; what
+    /// the CQ had when the future was dropped waits for the next `recv`.
     ///
     /// # Errors
     /// [`Error::ConnectionLost`] when the connection ended abnormally (the peer vanished,
     /// broke the protocol, or the device went away); messages that arrived before are
-    /// delivered first.
+    /// delivered first. [`Error::Config`] on a tokio runtime without its I/O driver.
     pub async fn recv(&mut self) -> Result<Option<Bytes>> {
-        if let Some(end) = &self.end {
-            return end.clone().map(|()| None).map_err(Error::ConnectionLost);
-        }
-        let d = self.inbox.recv().await;
-        self.on_delivery(d)
+        poll_fn(|cx| self.poll_recv(cx)).await
     }
 
     pub(crate) fn poll_recv(
         &mut self,
         cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<Result<Option<Bytes>>> {
-        if let Some(end) = &self.end {
-            return std::task::Poll::Ready(
-                end.clone().map(|()| None).map_err(Error::ConnectionLost),
-            );
-        }
-        self.inbox.poll_recv(cx).map(|d| self.on_delivery(d))
-    }
-
-    fn on_delivery(&mut self, d: Option<Delivery>) -> Result<Option<Bytes>> {
-        match d {
-            Some(Delivery::Data(b)) => Ok(Some(b)),
-            Some(Delivery::Fin) => {
-                self.end = Some(Ok(()));
-                Ok(None)
-            }
-            Some(Delivery::Lost(l)) => {
-                self.end = Some(Err(l.clone()));
-                Err(Error::ConnectionLost(l))
-            }
-            None => {
-                let lost = self.shard.lost();
-                self.end = Some(Err(lost.clone()));
-                Err(Error::ConnectionLost(lost))
-            }
-        }
+        self.wire.poll_recv(cx, &mut self.spin)
     }
 
     /// The peer's address.
@@ -459,7 +432,7 @@ impl RecvHalf {
 
 impl Drop for RecvHalf {
     fn drop(&mut self) {
-        self.shard.send(Cmd::RecvDropped(self.conn));
+        self.wire.recv_dropped();
         if self.info.last_half() {
             self.shard.send(Cmd::Close {
                 conn: self.conn,

@@ -58,6 +58,7 @@ pub mod local;
 pub mod proto;
 mod runtime;
 mod stream;
+mod wire;
 
 pub use config::Config;
 pub use connection::{

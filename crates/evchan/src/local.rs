@@ -354,7 +354,7 @@ async fn run<S: Start, R>(
         send_mr,
         free_data,
         free_ctrl,
-    } = config.pools(&pd)?;
+    } = config.pools(|pool| Ok(pd.reg_mr(pool)?))?;
     let mine = config.handshake();
     // Rebound after the objects its QP borrows, so that it goes before them.
     let mut id = id;

@@ -6,7 +6,6 @@ use std::task::{ready, Context, Poll};
 
 use bytes::{Buf, Bytes};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio_util::sync::PollSemaphore;
 
 use crate::connection::{Connection, RecvHalf, SendHalf};
 
@@ -15,7 +14,8 @@ use crate::connection::{Connection, RecvHalf, SendHalf};
 ///
 /// Writes are cut into messages of at most the connection's maximum size; reads concatenate
 /// messages, so boundaries are not kept. `poll_flush` returns at once: written bytes are
-/// queued in order and delivered unless the connection is lost. `poll_shutdown` sends the
+/// posted in order (a write waits for a send slot and a credit) and delivered unless the
+/// connection is lost. `poll_shutdown` sends the
 /// close message; the peer reads EOF after everything written.
 ///
 /// ```no_run
@@ -32,7 +32,6 @@ use crate::connection::{Connection, RecvHalf, SendHalf};
 pub struct Stream {
     send: SendHalf,
     recv: RecvHalf,
-    sem: PollSemaphore,
     chunk: Bytes,
     eof: bool,
 }
@@ -42,11 +41,9 @@ impl Stream {
     #[must_use]
     pub fn new(conn: Connection) -> Self {
         let (send, recv) = conn.split();
-        let sem = send.semaphore();
         Self {
             send,
             recv,
-            sem,
             chunk: Bytes::new(),
             eof: false,
         }
@@ -76,18 +73,14 @@ impl AsyncRead for Stream {
 
 impl AsyncWrite for Stream {
     fn poll_write(
-        mut self: Pin<&mut Self>,
+        self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
         if buf.is_empty() {
             return Poll::Ready(Ok(0));
         }
-        let this = &mut *self;
-        ready!(this.send.poll_permit(&mut this.sem, cx))?;
-        let n = buf.len().min(this.send.max_message_size());
-        this.send.queue(Bytes::copy_from_slice(&buf[..n]))?;
-        Poll::Ready(Ok(n))
+        Poll::Ready(Ok(ready!(self.send.poll_write(cx, buf))?))
     }
 
     fn poll_flush(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {

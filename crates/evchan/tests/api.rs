@@ -2,8 +2,6 @@
 //! no-device error.
 #![forbid(unsafe_code)]
 
-use std::future::Future;
-
 use evchan::{Config, Connection, Error, Incoming, Listener, RecvHalf, SendHalf, Stream};
 
 fn send_static<T: Send + 'static>() {}
@@ -85,52 +83,6 @@ fn no_device_says_how_to_get_one() {
     assert!(message.contains("rdma link add"), "{message}");
     let io: std::io::Error = e.into();
     assert_eq!(io.kind(), std::io::ErrorKind::NotFound);
-}
-
-/// `Config::in_task` outside a tokio runtime (here: polled by hand, as another executor
-/// would) is a configuration error at once, with or without a device.
-#[test]
-fn in_task_outside_tokio_is_a_config_error() {
-    let addr = "169.254.77.1:7471".parse().unwrap();
-    let config = Config::new().in_task(true);
-    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
-    let connect = std::pin::pin!(Connection::builder().config(config.clone()).connect(addr));
-    let std::task::Poll::Ready(Err(e)) = connect.poll(&mut cx) else {
-        panic!("connect did not fail at once");
-    };
-    assert!(
-        matches!(e, Error::Config(ref m) if m.contains("tokio runtime")),
-        "{e}"
-    );
-    let bind = std::pin::pin!(Listener::bind(addr, config));
-    let std::task::Poll::Ready(Err(e)) = bind.poll(&mut cx) else {
-        panic!("bind did not fail at once");
-    };
-    assert!(matches!(e, Error::Config(_)), "{e}");
-}
-
-/// `Config::in_task` on a tokio runtime without its I/O or time driver is a configuration
-/// error at once, not a shard task that dies later (tokio's panic is caught, and printed).
-#[test]
-fn in_task_without_drivers_is_a_config_error() {
-    let addr = "169.254.77.1:7471".parse().unwrap();
-    let config = Config::new().in_task(true);
-    let bare = tokio::runtime::Builder::new_current_thread()
-        .build()
-        .unwrap();
-    let no_time = tokio::runtime::Builder::new_current_thread()
-        .enable_io()
-        .build()
-        .unwrap();
-    for rt in [bare, no_time] {
-        let e = rt
-            .block_on(Connection::builder().config(config.clone()).connect(addr))
-            .unwrap_err();
-        assert!(
-            matches!(e, Error::Config(ref m) if m.contains("enable_all")),
-            "{e}"
-        );
-    }
 }
 
 /// `evchan::local` checks what `Connection` and `Listener` check, before anything is made:

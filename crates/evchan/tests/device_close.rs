@@ -1,12 +1,12 @@
-//! `Connection::close`'s result against the kernel's rdma_cm and rxe (in the soft-RoCE VM):
-//! `Err(ConnectionLost(Disconnected))` when the peer closes and disconnects while messages of
-//! this side are still queued behind its credits, `Ok(())` when the peer reads them first.
+//! `Connection::close`'s result, and a `send` waiting for credits when the peer closes,
+//! against the kernel's rdma_cm and rxe (in the soft-RoCE VM).
 //!
 //! The setup of each case: the server offers `SLOTS` receive slots (the client's data
 //! credits); the client sends `SLOTS` messages, which the server receives and keeps (credits
 //! follow consumption: a kept message returns no credit) or, in the last case, leaves unread
-//! in its receive half; then the client queues `QUEUED` more, which stay in its outbox, and
-//! starts its close. The close waits for credits; what ends the wait decides the result.
+//! in its receive half; then a task of the client sends `MORE` more, one at a time, and its
+//! first `send` waits for a credit. What the server does then decides what the waiting `send`
+//! and the two closes return.
 //!
 //! Run with `--test-threads 1`: the cases count the QPs left on the device.
 #![forbid(unsafe_code)]
@@ -22,8 +22,8 @@ use tokio::task::JoinHandle;
 
 /// The server's receive slots: the client's data credits.
 const SLOTS: u32 = 2;
-/// Messages the client queues beyond its credits.
-const QUEUED: u32 = 32;
+/// Messages the client sends beyond its credits.
+const MORE: u32 = 32;
 
 fn msg(i: u32) -> Bytes {
     let mut v = vec![(i % 251) as u8; 64];
@@ -31,28 +31,28 @@ fn msg(i: u32) -> Bytes {
     Bytes::from(v)
 }
 
-/// A connection whose client side is closing with `QUEUED` messages queued for want of
-/// credits: the server holds the first `SLOTS` messages.
-struct Closing {
+/// A connection whose client has a `send` waiting for a credit: the server holds the first
+/// `SLOTS` messages (or left them unread).
+struct Waiting {
     /// Kept so that the runtime's listener outlives the case.
     _listener: Listener,
     server: Connection,
     /// The messages the server received and has not consumed (dropping them returns their
     /// credits).
     held: Vec<Bytes>,
-    /// The client's `close()`.
-    close: JoinHandle<evchan::Result<()>>,
+    /// The client's sends of messages `SLOTS..SLOTS + MORE`, then its close: how many sends
+    /// returned `Ok`, the first error, and the close's result.
+    client: JoinHandle<(u32, Option<Error>, evchan::Result<()>)>,
 }
 
-async fn closing_with_queued(port: u16, server_reads: bool) -> Closing {
+async fn waiting_for_credits(port: u16, server_reads: bool) -> Waiting {
     let server_config = Config::new()
         .recv_depth(SLOTS)
         .send_depth(4)
         .max_message(256);
-    // Every message of the client fits its send depth at once: `send` returns once queued.
     let client_config = Config::new()
         .recv_depth(4)
-        .send_depth(SLOTS + QUEUED)
+        .send_depth(SLOTS + MORE)
         .max_message(256);
     let listener = step("bind", Listener::bind(v4(port), server_config))
         .await
@@ -76,23 +76,32 @@ async fn closing_with_queued(port: u16, server_reads: bool) -> Closing {
         assert_eq!(m, msg(i), "message {i}");
         held.push(m);
     }
-    // Every credit is used and none comes back while `held` lives: these stay queued.
-    for i in SLOTS..SLOTS + QUEUED {
-        step("queue", client.send(msg(i))).await.unwrap();
-    }
-    let close = tokio::spawn(client.close());
-    // The close waits for credits; it must not return while its messages are queued.
+    // Every credit is used and none comes back while `held` lives: the next send waits.
+    let client = tokio::spawn(async move {
+        let mut sent = 0;
+        let mut failed = None;
+        for i in SLOTS..SLOTS + MORE {
+            match step("send", client.send(msg(i))).await {
+                Ok(()) => sent += 1,
+                Err(e) => {
+                    failed = Some(e);
+                    break;
+                }
+            }
+        }
+        (sent, failed, step("client close", client.close()).await)
+    });
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert!(
-        !close.is_finished(),
-        "close returned with {QUEUED} messages queued and no credit: {:?}",
-        close.await
+        !client.is_finished(),
+        "a send without a credit returned: {:?}",
+        client.await
     );
-    Closing {
+    Waiting {
         _listener: listener,
         server,
         held,
-        close,
+        client,
     }
 }
 
@@ -103,63 +112,44 @@ async fn qps_settle_to(n: usize, what: &'static str) {
         .unwrap();
 }
 
-/// The two closes' results, then no QP left: the server's `Ok(())` (it sent nothing); the
-/// client's `ConnectionLost(Disconnected)` when `queued_lost` (messages still queued when the
-/// peer disconnected), `Ok(())` otherwise.
-async fn expect_closes(server: evchan::Result<()>, client: evchan::Result<()>, queued_lost: bool) {
-    assert!(
-        matches!(server, Ok(())),
-        "the server's close (it sent nothing): {server:?}"
-    );
-    if queued_lost {
-        assert!(
-            matches!(client, Err(Error::ConnectionLost(Lost::Disconnected))),
-            "the client's close ({QUEUED} messages queued when the peer disconnected): \
-             {client:?}"
-        );
-    } else {
-        assert!(
-            matches!(client, Ok(())),
-            "the client's close (everything read): {client:?}"
-        );
-    }
-    qps_settle_to(0, "both sides closed").await;
-}
-
-/// The peer closes (its own close done, it disconnects) while this side's close still has
-/// messages queued: this side's close returns `ConnectionLost(Disconnected)` — the connection
-/// itself was not lost, but what was queued never went out. The peer, which sent nothing and
-/// closed first, gets `Ok(())`.
+/// The peer closes (its own close done, it disconnects) while a `send` of this side waits
+/// for a credit: that `send` returns `PeerClosed` (nothing more can go), having posted
+/// nothing, and this side's close then returns `Ok(())`: every message `send` returned `Ok`
+/// for was delivered. The peer, which sent nothing, gets `Ok(())` too.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn close_reports_disconnected_when_the_peer_closes_first() {
+async fn waiting_send_fails_when_the_peer_closes_first() {
     require_device!();
-    let Closing {
+    let Waiting {
         _listener,
         server,
         held,
-        close,
-    } = closing_with_queued(port(1), true).await;
+        client,
+    } = waiting_for_credits(port(1), true).await;
     // The server closes without consuming what it holds: no credit ever goes back.
     let server_result = step("server close", server.close()).await;
-    let client_result = step("client close", close).await.unwrap();
+    let (sent, failed, client_result) = step("client", client).await.unwrap();
     drop(held);
-    expect_closes(server_result, client_result, true).await;
+    assert!(matches!(server_result, Ok(())), "server: {server_result:?}");
+    assert_eq!(sent, 0, "no credit came back");
+    assert!(matches!(failed, Some(Error::PeerClosed)), "{failed:?}");
+    assert!(matches!(client_result, Ok(())), "client: {client_result:?}");
+    qps_settle_to(0, "both sides closed").await;
 }
 
-/// The companion: the same connection, but the server consumes everything (the held
-/// messages, then every queued one, in order, then the end) before it closes: `Ok(())` on
-/// both sides.
+/// The same connection, but the server consumes everything (the held messages, then every
+/// later one, in order, then the end) before it closes: every `send` and both closes return
+/// `Ok(())`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn close_is_ok_when_the_peer_reads_everything_first() {
     require_device!();
-    let Closing {
+    let Waiting {
         _listener,
         mut server,
         held,
-        close,
-    } = closing_with_queued(port(2), true).await;
-    drop(held); // consumed: the credits go back, the queued messages follow
-    for i in SLOTS..SLOTS + QUEUED {
+        client,
+    } = waiting_for_credits(port(2), true).await;
+    drop(held); // consumed: the credits go back, the waiting send goes
+    for i in SLOTS..SLOTS + MORE {
         let m = step("read", server.recv())
             .await
             .unwrap()
@@ -167,30 +157,49 @@ async fn close_is_ok_when_the_peer_reads_everything_first() {
         assert_eq!(m, msg(i), "message {i}");
     }
     assert_eq!(step("end", server.recv()).await.unwrap(), None);
-    let client_result = step("client close", close).await.unwrap();
+    let (sent, failed, client_result) = step("client", client).await.unwrap();
+    assert_eq!((sent, failed.is_none()), (MORE, true), "{failed:?}");
+    assert!(matches!(client_result, Ok(())), "client: {client_result:?}");
     let server_result = step("server close", server.close()).await;
-    expect_closes(server_result, client_result, false).await;
+    assert!(matches!(server_result, Ok(())), "server: {server_result:?}");
+    qps_settle_to(0, "both sides closed").await;
 }
 
 /// The peer never reads: its `SLOTS` messages are still in its receive half when it closes.
-/// Closing drops them, which returns their credits while the peer's close is under way (a
-/// traced run: the peer's `FIN`, then a credit update of 2, then 2 more data messages from
-/// this side, then the peer's disconnect); what arrives after its close is dropped and
-/// credited at once, until it disconnects, which it does once its `FIN` is acknowledged.
-/// Delivering all `QUEUED` would take 16 such rounds (`SLOTS` credits each) before that;
-/// what is still queued at the disconnect makes this side's close
-/// `ConnectionLost(Disconnected)`.
+/// Closing drops them, which returns their credits while its close is under way: the
+/// waiting `send` may post a few more (what arrives after the peer's close is dropped and
+/// credited at once, until it disconnects), then fails with `PeerClosed` or, when the
+/// disconnect comes before the peer's `FIN` is read, `ConnectionLost(Disconnected)`. Every
+/// message posted before was received by the peer's evchan: this side's close returns
+/// `Ok(())`, or `ConnectionLost(Disconnected)` when a send was still in flight at the
+/// disconnect.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn close_reports_disconnected_when_the_peer_closes_unread() {
+async fn waiting_send_fails_when_the_peer_closes_unread() {
     require_device!();
-    let Closing {
+    let Waiting {
         _listener,
         server,
         held,
-        close,
-    } = closing_with_queued(port(3), false).await;
+        client,
+    } = waiting_for_credits(port(3), false).await;
     assert!(held.is_empty());
     let server_result = step("server close", server.close()).await;
-    let client_result = step("client close", close).await.unwrap();
-    expect_closes(server_result, client_result, true).await;
+    let (sent, failed, client_result) = step("client", client).await.unwrap();
+    assert!(matches!(server_result, Ok(())), "server: {server_result:?}");
+    assert!(sent < MORE, "{sent} sent after the peer's close");
+    assert!(
+        matches!(
+            failed,
+            Some(Error::PeerClosed | Error::ConnectionLost(Lost::Disconnected))
+        ),
+        "{failed:?}"
+    );
+    assert!(
+        matches!(
+            client_result,
+            Ok(()) | Err(Error::ConnectionLost(Lost::Disconnected))
+        ),
+        "client: {client_result:?}"
+    );
+    qps_settle_to(0, "both sides closed").await;
 }

@@ -282,7 +282,7 @@ async fn peer_vanishes() {
             .build()
             .unwrap();
         let conn = rt.block_on(async {
-            let listener = Listener::bind(addr, Config::new().in_task(true)).await?;
+            let listener = Listener::bind(addr, Config::new()).await?;
             ready_tx.send(()).unwrap();
             let mut conn = listener.accept().await?.accept(b"").await?;
             conn.send(bytes::Bytes::from_static(b"one")).await?;

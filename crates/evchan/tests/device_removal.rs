@@ -23,11 +23,6 @@
 //! above); it completes once the process has exited. The test asserts both, so that a
 //! librdmacm that changes this is noticed.
 //!
-//! `device_removed_under_an_in_task_runtime_alone`: the first test's removal with only in-task
-//! runtimes (`Config::in_task`) in the process, so no runtime thread watches the device node
-//! for them: a pending `recv`, then `send` and `accept` return `DeviceRemoved`, and
-//! `rdma link delete` completes.
-//!
 //! `device_removed_under_local_connections`: `evchan::local` alone, as the first test sets it
 //! up: a local listener and a local connection to it, both `recv`s pending, fail with the
 //! removal, the listener's next `accept` too; `rdma link delete` completes; nothing is left.
@@ -145,14 +140,6 @@ fn device_removed_under_live_connections() {
 #[test]
 fn device_removed_under_local_connections() {
     with_spare_in_child("device_removed_under_local_connections", local_child);
-}
-
-#[test]
-fn device_removed_under_an_in_task_runtime_alone() {
-    with_spare_in_child(
-        "device_removed_under_an_in_task_runtime_alone",
-        in_task_child,
-    );
 }
 
 /// A test whose device work (`work`) runs in a child process while `rxe1` exists beside
@@ -320,45 +307,6 @@ async fn last_device_child() {
          blocked {:?} after it started, as librdmacm keeps the context",
         start.elapsed()
     );
-}
-
-/// Only in-task runtimes in the process (no runtime thread, so no thread watching the device
-/// node for it): the removal still fails what is pending, and `rdma link delete` completes.
-async fn in_task_child() {
-    assert!(
-        exists(DEVICE) && exists(SPARE),
-        "the parent sets up both devices"
-    );
-    assert_nothing_left(0, "before the test");
-    let (listener, mut server, mut client) = connected(Config::new().in_task(true), port(7)).await;
-    let receiving = tokio::spawn(async move {
-        let r = server.recv().await;
-        (r, server)
-    });
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    assert!(!receiving.is_finished(), "nothing was sent");
-
-    let start = Instant::now();
-    let deleted = tokio::task::spawn_blocking(delete_rxe0);
-    let (r, server) = step("pending in-task recv", receiving).await.unwrap();
-    assert!(removed(&r), "in-task recv: {r:?}");
-    let answered = start.elapsed();
-    assert_removed(&mut client, &listener).await;
-    drop((server, client, listener));
-    let (status, done) = step("rdma link delete", deleted).await.unwrap();
-    assert!(status.success(), "rdma link delete {DEVICE}: {status}");
-    assert!(!exists(DEVICE));
-    eprintln!(
-        "rdma link delete {DEVICE} under an in-task runtime alone: pending recv answered after \
-         {answered:?}, the command completed after {:?}",
-        done - start
-    );
-    tokio::task::spawn_blocking(|| {
-        wait_runtime_gone();
-        assert_nothing_left(0, "after the removal");
-    })
-    .await
-    .unwrap();
 }
 
 /// `evchan::local` alone (no runtime of the async API in the process): a local listener and a
@@ -533,12 +481,10 @@ async fn child() {
             }
         }
     });
-    // An in-task listener and connection (`Config::in_task`: their shards are tasks of this
-    // runtime, without the runtime thread's watch of the device node): the removal that the
-    // shard threads' runtime sees retires them too.
-    let (t_listener, t_server, mut t_client) =
-        connected(Config::new().in_task(true), port(3)).await;
-    let receiving_in_task = tokio::spawn(async move {
+    // A listener and connection of a second runtime (one shard, where the first has one per
+    // CPU): the removal that either runtime sees first retires the other too.
+    let (t_listener, t_server, mut t_client) = connected(Config::new().shards(1), port(3)).await;
+    let receiving_other = tokio::spawn(async move {
         let r = t_client.recv().await;
         (r, t_client)
     });
@@ -561,10 +507,10 @@ async fn child() {
         matches!(e, Error::ConnectionLost(Lost::DeviceRemoved)),
         "send after {sent} messages: {e:?}"
     );
-    let (r, t_client) = step("pending in-task recv", receiving_in_task)
+    let (r, t_client) = step("pending recv of the second runtime", receiving_other)
         .await
         .unwrap();
-    assert!(removed(&r), "in-task recv: {r:?}");
+    assert!(removed(&r), "the second runtime's recv: {r:?}");
     let answered = start.elapsed();
     let (status, done) = step("rdma link delete", deleted).await.unwrap();
     assert!(status.success(), "rdma link delete {DEVICE}: {status}");
@@ -572,13 +518,13 @@ async fn child() {
     assert!(!exists(DEVICE));
     eprintln!(
         "rdma link delete {DEVICE} with 2 listeners and 4 connections (10 ids; one listener \
-         and one connection in-task): pending operations answered after {answered:?}, the \
+         and one connection of a second runtime): pending operations answered after {answered:?}, the \
          command completed after {delete_took:?}"
     );
     let r = t_server.send("after").await;
-    assert!(removed(&r), "send on the in-task server: {r:?}");
+    assert!(removed(&r), "send on the second runtime's server: {r:?}");
     let r = t_listener.accept().await.map(|_| ());
-    assert!(removed(&r), "in-task accept again: {r:?}");
+    assert!(removed(&r), "the second runtime's accept again: {r:?}");
     drop((t_client, t_server, t_listener));
 
     // Everything else of the old runtime fails with the same cause, and closes at once.

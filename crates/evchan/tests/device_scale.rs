@@ -227,6 +227,8 @@ fn fds_settle_to(want: usize) -> Option<usize> {
 fn many_connections_three_rounds_without_growth() {
     require_device!();
     support::no_huge_pages();
+    // Two descriptors per connection end, both ends here.
+    support::open_files_for(4 * u64::from(CONNS) + 256);
     wait_runtime_gone();
     support::malloc_trim();
     eprintln!("before: {} fds, RSS {} KiB", fd_count(), rss_kib());

@@ -310,7 +310,8 @@ impl Credits {
                 self.data_received = self.data_received.wrapping_add(1) & CUM_MASK;
             }
             Kind::Credit | Kind::Fin => {
-                self.fin_received = kind == Kind::Fin;
+                // A credit update after the FIN (the peer still reads) leaves it received.
+                self.fin_received |= kind == Kind::Fin;
                 self.ctrl_returned = self.ctrl_returned.wrapping_add(1) & CUM_MASK;
             }
         }
@@ -642,5 +643,17 @@ mod tests {
         ));
         assert_eq!(c.on_receive(Some(2 << 30), 0), Ok(Kind::Fin));
         assert_eq!(c.on_receive(Some(0), 1), Err(ProtocolError::AfterFin));
+    }
+
+    /// The peer's credit updates and confirmations after its `FIN` (it still reads what this
+    /// side sends) are accepted, and the `FIN` stays received.
+    #[test]
+    fn fin_stays_received_after_credit_updates() {
+        let mut c = Credits::new(hs(2, 4), hs(2, 4));
+        assert_eq!(c.on_receive(Some(2 << 30), 0), Ok(Kind::Fin));
+        assert!(c.fin_received());
+        assert_eq!(c.on_receive(Some(1 << 30), 0), Ok(Kind::Credit));
+        assert!(c.fin_received(), "a credit update after the FIN");
+        assert_eq!(c.on_receive(Some(2 << 30), 0), Err(ProtocolError::AfterFin));
     }
 }

@@ -1,18 +1,23 @@
 //! The runtime behind every listener and connection: shard threads that own the rdma_cm event
-//! channels, the completion channels and every id.
+//! channels and every id, and drive the control path (connect, accept, migrate, disconnect,
+//! device removal, keepalive timers). A connection's messages do not pass through them: its
+//! data path ([`crate::wire`]) is shared with its halves, which post and reap from their own
+//! tasks.
 //!
-//! evchan-core's types borrow: an id borrows its event channel, a QP its PD and CQ. Here that
-//! stays true. One thread (`evchan-rt`) opens, per device, librdmacm's context and a PD, and per
-//! shard an event channel and, per device, a completion channel and one CQ; then, inside
-//! [`std::thread::scope`], it starts one thread per shard that borrows them. A shard thread runs
-//! a current-thread tokio runtime that drives its channels through `AsyncFd` and owns its ids,
-//! QPs and memory regions; ids accepted on one shard are migrated (`rdma_migrate_id`) to
-//! another and sent there, which scoped threads allow without `'static`. Users talk to shards
-//! through channels only, so every handle is `Send + 'static` and the crate has no `unsafe`.
+//! evchan-core's ids borrow their event channel. Here that stays true: one thread
+//! (`evchan-rt`) opens librdmacm's context of every device and a PD on each (the owned style,
+//! shared with the connections' memory regions), and per shard an event channel; then, inside
+//! [`std::thread::scope`], it starts one thread per shard that borrows them. A shard thread
+//! runs a current-thread tokio runtime that drives its event channel through `AsyncFd` and
+//! owns its ids; ids accepted on one shard are migrated (`rdma_migrate_id`) to another and sent
+//! there, which scoped threads allow without `'static`. Users talk to shards through channels
+//! and to a connection's data path through its `Arc`, so every handle is `Send + 'static` and
+//! the crate has no `unsafe`.
 //!
 //! When the last handle of a runtime is gone, each shard finishes closing its connections, the
-//! scope ends, and the resources go in the order librdmacm and libibverbs need: CQs, completion
-//! channels, PDs, contexts, then event channels.
+//! scope ends, and the resources go in the order librdmacm and libibverbs need: every
+//! connection's QP (with its id), CQ, completion channel and memory regions first, then the
+//! PDs, the contexts, and the event channels.
 
 mod conn;
 mod half_open;
@@ -22,15 +27,15 @@ mod shard;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 
-use bytes::Bytes;
-use tokio::sync::{mpsc, oneshot, Semaphore};
+use tokio::sync::{mpsc, oneshot};
 
-use evchan_core::verbs::{CompChannel, Context, Cq, Pd};
+use evchan_core::verbs::{Context, OwnedPd};
 use evchan_core::EventChannel;
 
 use crate::config::Config;
 use crate::error::{Error, Lost, Result};
 use crate::proto::Peer;
+use crate::wire::Wire;
 
 /// The hasher of the shards' maps, whose keys are their own integers (connection numbers,
 /// work request ids, id keys), never a peer's: FxHash's multiply-rotate, not SipHash, which
@@ -71,8 +76,8 @@ pub(crate) struct ConnId(pub(crate) u64);
 /// reply nobody receives (its future was dropped) closes what it stands for on drop.
 #[derive(Debug)]
 pub(crate) enum Cmd {
-    // Boxed, as is `Listen`: every command is moved through the shard's channel, and these
-    // two would make each of them, `Send` included, about four times as large.
+    // Boxed, as is `Listen`: the rare, large requests would make every command (a close
+    // included) about four times as large.
     Connect(Box<ConnectCmd>),
     Listen(Box<ListenCmd>),
     CloseListener(ConnId),
@@ -85,15 +90,8 @@ pub(crate) enum Cmd {
         conn: ConnId,
         private_data: Vec<u8>,
     },
-    Send {
-        conn: ConnId,
-        data: Bytes,
-    },
-    /// The send half is gone or shut down: `FIN` after what is queued.
-    Shutdown(ConnId),
-    /// The receive half is gone: what arrives is dropped (and credited) at once.
-    RecvDropped(ConnId),
-    /// Close: `FIN`, then disconnect, then release everything; `reply` when done.
+    /// Close: `FIN` (once every message sent before completed), then disconnect, then release
+    /// everything; `reply` when done.
     Close {
         conn: ConnId,
         reply: Option<oneshot::Sender<()>>,
@@ -121,100 +119,12 @@ pub(crate) struct ListenCmd {
     pub(crate) reply: oneshot::Sender<Result<crate::Listener>>,
 }
 
-/// What arrives at a connection's receive half.
-#[derive(Debug)]
-pub(crate) enum Delivery {
-    Data(Bytes),
-    Fin,
-    Lost(Lost),
-}
-
-/// State shared by a connection's halves and its shard.
-#[derive(Debug)]
-pub(crate) struct Shared {
-    /// One permit per message that may be queued or in flight.
-    pub(crate) permits: Arc<Semaphore>,
-    /// Why sends fail, once the connection is over.
-    pub(crate) end: Mutex<Option<SendEnd>>,
-    /// A message sent on the connection was not delivered: it was still queued or in flight
-    /// when the connection ended, or its send failed ([`Connection::close`]'s result).
-    ///
-    /// [`Connection::close`]: crate::Connection::close
-    undelivered: std::sync::atomic::AtomicBool,
-}
-
-/// Why sends fail.
-#[derive(Debug, Clone)]
-pub(crate) enum SendEnd {
-    PeerClosed,
-    Lost(Lost),
-}
-
-impl Shared {
-    pub(crate) fn new(permits: u32) -> Arc<Self> {
-        Arc::new(Self {
-            permits: Arc::new(Semaphore::new(permits as usize)),
-            end: Mutex::new(None),
-            undelivered: std::sync::atomic::AtomicBool::new(false),
-        })
-    }
-
-    /// Records that a message sent on the connection was not delivered.
-    pub(crate) fn mark_undelivered(&self) {
-        self.undelivered
-            .store(true, std::sync::atomic::Ordering::Release);
-    }
-
-    /// What [`Connection::close`](crate::Connection::close) returns once its shard has
-    /// released the connection (`released`), or once the shard is gone (`gone`: why).
-    pub(crate) fn close_result(&self, released: bool, gone: Lost) -> Result<()> {
-        let undelivered = self.undelivered.load(std::sync::atomic::Ordering::Acquire);
-        let end = self
-            .end
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone();
-        match end {
-            Some(SendEnd::Lost(why)) if why != Lost::Closed => Err(Error::ConnectionLost(why)),
-            _ if !released => Err(Error::ConnectionLost(gone)),
-            // Ended without a loss of its own, but something sent did not arrive: the peer
-            // disconnected during the close, before what was queued went out.
-            _ if undelivered => Err(Error::ConnectionLost(Lost::Disconnected)),
-            _ => Ok(()),
-        }
-    }
-
-    pub(crate) fn end(&self, why: SendEnd) {
-        let mut end = self.end.lock().unwrap_or_else(PoisonError::into_inner);
-        end.get_or_insert(why);
-        self.permits.close();
-    }
-
-    pub(crate) fn permits_arc(&self) -> Arc<Semaphore> {
-        self.permits.clone()
-    }
-
-    pub(crate) fn send_error(&self) -> Error {
-        match self
-            .end
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
-        {
-            Some(SendEnd::PeerClosed) => Error::PeerClosed,
-            Some(SendEnd::Lost(l)) => Error::ConnectionLost(l),
-            None => Error::ConnectionLost(Lost::Closed),
-        }
-    }
-}
-
 /// An established connection, handed from its shard to the user.
 #[derive(Debug)]
 pub(crate) struct Established {
     pub(crate) conn: ConnId,
     pub(crate) shard: ShardRef,
-    pub(crate) inbox: mpsc::UnboundedReceiver<Delivery>,
-    pub(crate) shared: Arc<Shared>,
+    pub(crate) wire: Arc<Wire>,
     pub(crate) local_addr: Option<SocketAddr>,
     pub(crate) peer_addr: Option<SocketAddr>,
     pub(crate) peer: Peer,
@@ -244,8 +154,8 @@ impl ShardRef {
         self.rt.shards[self.index].send(cmd).is_ok()
     }
 
-    /// Why the shard no longer answers: a device removal retired it, or it is gone (an
-    /// in-task shard dropped with its tokio runtime), or else this side closed.
+    /// Why the shard no longer answers: a device removal retired it, or its thread is gone,
+    /// or else this side closed.
     pub(crate) fn lost(&self) -> Lost {
         if self.rt.removal.is_retired() {
             Lost::DeviceRemoved
@@ -257,14 +167,8 @@ impl ShardRef {
     }
 }
 
-/// What makes two runtimes different: shards, CQ entries, busy-poll window, and for an
-/// in-task runtime ([`Config::in_task`]) the thread that started it.
-type RuntimeKey = (
-    usize,
-    u32,
-    Option<std::time::Duration>,
-    Option<std::thread::ThreadId>,
-);
+/// What makes two runtimes different: their number of shards.
+type RuntimeKey = usize;
 
 static RUNTIMES: Mutex<Vec<(RuntimeKey, Weak<Runtime>)>> = Mutex::new(Vec::new());
 
@@ -277,15 +181,10 @@ impl Runtime {
             // A runtime is letting go of a removed device; a new one would open it again.
             return Err(Error::ConnectionLost(Lost::DeviceRemoved));
         }
-        // A runtime whose shards are gone (an in-task runtime whose tokio runtime shut down,
-        // or a shard that failed to start) is not handed out again.
+        // A runtime whose shards are gone (a shard that failed to start) is not handed out
+        // again.
         all.retain(|(_, w)| w.upgrade().is_some_and(|rt| rt.running()));
-        let key = if config.in_task {
-            let thread = std::thread::current().id();
-            (1, config.cq_entries, config.busy_poll, Some(thread))
-        } else {
-            (config.shards, config.cq_entries, config.busy_poll, None)
-        };
+        let key = config.shards;
         if let Some(rt) = all
             .iter()
             .find(|(k, _)| *k == key)
@@ -303,9 +202,8 @@ impl Runtime {
         self.shards.iter().all(|s| !s.is_closed())
     }
 
-    fn start((shards, cq_entries, busy_poll, in_task): RuntimeKey) -> Result<Arc<Runtime>> {
-        let (txs, mut rxs): (Vec<_>, Vec<_>) =
-            (0..shards).map(|_| mpsc::unbounded_channel()).unzip();
+    fn start(shards: RuntimeKey) -> Result<Arc<Runtime>> {
+        let (txs, rxs): (Vec<_>, Vec<_>) = (0..shards).map(|_| mpsc::unbounded_channel()).unzip();
         let rt = Arc::new(Runtime {
             shards: txs,
             next_shard: std::sync::atomic::AtomicUsize::new(0),
@@ -313,31 +211,12 @@ impl Runtime {
             removal: Arc::default(),
         });
         let weak = Arc::downgrade(&rt);
-        if in_task.is_some() {
-            let tokio = tokio::runtime::Handle::try_current().map_err(|_| {
-                Error::Config(
-                    "Config::in_task: connect or listen from within a tokio runtime".into(),
-                )
-            })?;
-            probe_drivers()?;
-            // What fails for lack of a device fails here, at once, with its own error.
-            let channel = EventChannel::new()?;
-            let devices = open_devices()?;
-            let rx = rxs.pop().expect("one shard");
-            let removal = rt.removal.clone();
-            let names = devices.iter().map(|d| d.name.clone()).collect();
-            tokio.spawn(removal::watch_in_task(weak.clone(), names));
-            tokio.spawn(run_in_task(
-                rx, weak, cq_entries, busy_poll, channel, devices, removal,
-            ));
-            return Ok(rt);
-        }
         let removal = rt.removal.clone();
         let (ready_tx, ready_rx) = std::sync::mpsc::channel();
         std::thread::Builder::new()
             .name("evchan-rt".into())
             .spawn(move || {
-                run(rxs, &weak, cq_entries, busy_poll, &ready_tx, &removal);
+                run(rxs, &weak, &ready_tx, &removal);
                 removal::let_go(&removal);
             })?;
         match ready_rx.recv() {
@@ -372,61 +251,39 @@ impl Runtime {
     }
 }
 
-/// Per device: librdmacm's context and its name.
-struct Device {
-    ctx: Context,
-    name: String,
-}
-
 /// The runtime thread: opens everything, runs the shards in a scope, then closes everything.
 fn run(
     rxs: Vec<mpsc::UnboundedReceiver<Cmd>>,
     rt: &Weak<Runtime>,
-    cq_entries: u32,
-    busy_poll: Option<std::time::Duration>,
     ready: &std::sync::mpsc::Sender<Result<()>>,
-    removal: &removal::Removal,
+    removal: &Arc<removal::Removal>,
 ) {
     // Declaration order is the reverse of drop order: event channels last (their ids are gone
-    // by then), CQs before their completion channels, PDs before their contexts.
+    // by then), PDs before their contexts (which the PDs hold too).
     let channels: Vec<EventChannel> = match (0..rxs.len()).map(|_| EventChannel::new()).collect() {
         Ok(c) => c,
         Err(e) => return drop(ready.send(Err(e.into()))),
     };
-    let devices = match open_devices() {
+    let (names, pds) = match open_devices() {
         Ok(d) => d,
-        Err(e) => return drop(ready.send(Err(e))),
-    };
-    let (pds, comps) = match open_pds(&devices, rxs.len()) {
-        Ok(x) => x,
-        Err(e) => return drop(ready.send(Err(e))),
-    };
-    let cqs = match open_cqs(&comps, cq_entries) {
-        Ok(c) => c,
         Err(e) => return drop(ready.send(Err(e))),
     };
     if ready.send(Ok(())).is_err() {
         return;
     }
-    let names: Vec<String> = devices.iter().map(|d| d.name.clone()).collect();
     let (peer_txs, peer_rxs): (Vec<_>, Vec<_>) =
         (0..rxs.len()).map(|_| mpsc::unbounded_channel()).unzip();
     std::thread::scope(|scope| {
         let mut threads = Vec::new();
-        for (k, ((rx, peer_rx), cqs)) in rxs.into_iter().zip(peer_rxs).zip(&cqs).enumerate() {
+        for (k, (rx, peer_rx)) in rxs.into_iter().zip(peer_rxs).enumerate() {
             let env = shard::Env {
                 index: k,
                 channels: &channels,
                 names: &names,
                 pds: &pds,
-                comps: &comps[k],
-                cqs,
-                cq_entries,
-                busy_poll,
-                in_task: false,
                 rt: rt.clone(),
                 peers: peer_txs.clone(),
-                removal,
+                removal: Arc::clone(removal),
             };
             let spawned = std::thread::Builder::new()
                 .name(format!("evchan-shard-{k}"))
@@ -440,180 +297,20 @@ fn run(
         removal::watch(&threads, &names, rt, removal);
     });
     removal.opened(&names);
-    // Dropped in reverse declaration order: CQs, completion channels, PDs, contexts, event
-    // channels. After a device removal, `Runtime::start`'s thread then waits for librdmacm to
-    // close its own context of the device (`removal::let_go`).
+    // Every connection's objects went with it (the shards released them all). Dropped now:
+    // the PDs, then the contexts they held, then the event channels. After a device removal,
+    // `Runtime::start`'s thread then waits for librdmacm to close its own context of the
+    // device (`removal::let_go`).
+    drop(pds);
 }
 
-/// Whether the current tokio runtime has the I/O and time drivers an in-task shard needs.
-/// tokio panics when a descriptor is registered or a timer made without them; that panic
-/// (printed by the panic hook) is caught here and becomes a configuration error, instead of
-/// ending the shard's task later.
-fn probe_drivers() -> Result<()> {
-    let probe = std::panic::catch_unwind(|| {
-        let (reader, _writer) = std::io::pipe()?;
-        drop(evchan_core::Readable::new(std::os::fd::AsFd::as_fd(
-            &reader,
-        ))?);
-        drop(tokio::time::sleep(std::time::Duration::ZERO));
-        Ok::<_, std::io::Error>(())
-    });
-    match probe {
-        Ok(done) => Ok(done?),
-        Err(_) => Err(Error::Config(
-            "Config::in_task needs a tokio runtime with its I/O and time drivers enabled \
-             (Builder::enable_all)"
-                .into(),
-        )),
+/// librdmacm's context of every device it lists, by name, each with a PD on it.
+fn open_devices() -> Result<(Vec<String>, Vec<OwnedPd>)> {
+    let mut names = Vec::new();
+    let mut pds = Vec::new();
+    for ctx in Context::rdma_cm_devices()? {
+        names.push(ctx.name());
+        pds.push(OwnedPd::new(Arc::new(ctx))?);
     }
-}
-
-/// librdmacm's context of every device it lists.
-fn open_devices() -> Result<Vec<Device>> {
-    Ok(Context::rdma_cm_devices()?
-        .into_iter()
-        .map(|ctx| Device {
-            name: ctx.name(),
-            ctx,
-        })
-        .collect())
-}
-
-/// Per device a PD, and per shard and device a completion channel.
-fn open_pds(devices: &[Device], shards: usize) -> Result<(Vec<Pd<'_>>, Vec<Vec<CompChannel<'_>>>)> {
-    let pds = devices
-        .iter()
-        .map(|d| Pd::new(&d.ctx))
-        .collect::<std::result::Result<_, _>>()?;
-    let comps = (0..shards)
-        .map(|_| devices.iter().map(|d| CompChannel::new(&d.ctx)).collect())
-        .collect::<std::result::Result<_, _>>()?;
-    Ok((pds, comps))
-}
-
-/// Per shard and device a CQ on that shard's completion channel of the device.
-fn open_cqs<'a>(comps: &'a [Vec<CompChannel<'_>>], entries: u32) -> Result<Vec<Vec<Cq<'a>>>> {
-    Ok(comps
-        .iter()
-        .map(|per_dev| per_dev.iter().map(|c| Cq::new(c, entries)).collect())
-        .collect::<std::result::Result<_, _>>()?)
-}
-
-/// An in-task runtime ([`Config::in_task`]): its one shard, as a task of the application's
-/// runtime. It owns what a runtime thread owns otherwise, and drops it in the same order when
-/// the shard ends (or when the application's runtime drops the task).
-async fn run_in_task(
-    rx: mpsc::UnboundedReceiver<Cmd>,
-    rt: Weak<Runtime>,
-    cq_entries: u32,
-    busy_poll: Option<std::time::Duration>,
-    channel: EventChannel,
-    devices: Vec<Device>,
-    removal: Arc<removal::Removal>,
-) {
-    // Declared first, dropped last: after everything below, however the task ends.
-    let _let_go = LetGo(removal.clone());
-    {
-        // Dropped in reverse: CQs, completion channels, PDs, contexts, the event channel.
-        let channels = [channel];
-        let devices = devices;
-        let names: Vec<String> = devices.iter().map(|d| d.name.clone()).collect();
-        let (pds, comps) = match open_pds(&devices, 1) {
-            Ok(x) => x,
-            Err(e) => return tracing::error!("evchan: cannot start the in-task shard: {e}"),
-        };
-        let cqs = match open_cqs(&comps, cq_entries) {
-            Ok(c) => c,
-            Err(e) => return tracing::error!("evchan: cannot start the in-task shard: {e}"),
-        };
-        let (peer_tx, peer_rx) = mpsc::unbounded_channel();
-        let env = shard::Env {
-            index: 0,
-            channels: &channels,
-            names: &names,
-            pds: &pds,
-            comps: &comps[0],
-            cqs: &cqs[0],
-            cq_entries,
-            busy_poll,
-            in_task: true,
-            rt,
-            peers: vec![peer_tx],
-            removal: &removal,
-        };
-        shard::serve(env, rx, peer_rx).await;
-        removal.opened(&names);
-    }
-}
-
-/// Step 3 of a removal ([`removal::let_go`]) for an in-task runtime, once everything of it is
-/// dropped: also when the application's runtime drops the task midway, so that a retirement
-/// never stays counted (which would keep every new runtime from starting). After a removal
-/// the wait for librdmacm blocks, so it runs on a thread of its own, not on the application's.
-struct LetGo(Arc<removal::Removal>);
-
-impl Drop for LetGo {
-    fn drop(&mut self) {
-        let removal = self.0.clone();
-        if !removal.is_retired() {
-            return removal::let_go(&removal);
-        }
-        let spawned = std::thread::Builder::new()
-            .name("evchan-let-go".into())
-            .spawn(move || removal::let_go(&removal));
-        if let Err(e) = spawned {
-            // Rather block this thread than keep every new runtime from starting.
-            tracing::error!("evchan: no thread to let go of a removed device ({e}); waiting here");
-            removal::let_go(&self.0);
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn lost(r: Result<()>) -> Option<Lost> {
-        match r {
-            Ok(()) => None,
-            Err(Error::ConnectionLost(why)) => Some(why),
-            Err(e) => panic!("not a loss: {e:?}"),
-        }
-    }
-
-    #[test]
-    fn close_result_tells_a_clean_close_from_a_loss() {
-        // Released after a clean close (the shard ends sends with `Closed`), or after the peer
-        // closed first: clean unless something sent did not arrive.
-        for end in [
-            None,
-            Some(SendEnd::Lost(Lost::Closed)),
-            Some(SendEnd::PeerClosed),
-        ] {
-            let s = Shared::new(1);
-            if let Some(end) = end.clone() {
-                s.end(end);
-            }
-            assert_eq!(lost(s.close_result(true, Lost::Shutdown)), None, "{end:?}");
-            s.mark_undelivered();
-            assert_eq!(
-                lost(s.close_result(true, Lost::Shutdown)),
-                Some(Lost::Disconnected),
-                "{end:?}, undelivered"
-            );
-        }
-        // A loss before or during the close is reported with its cause, delivered or not.
-        let s = Shared::new(1);
-        s.end(SendEnd::Lost(Lost::DeviceRemoved));
-        assert_eq!(
-            lost(s.close_result(true, Lost::Shutdown)),
-            Some(Lost::DeviceRemoved)
-        );
-        // The shard gone before it released the connection: the shard's cause.
-        let s = Shared::new(1);
-        assert_eq!(
-            lost(s.close_result(false, Lost::Shutdown)),
-            Some(Lost::Shutdown)
-        );
-    }
+    Ok((names, pds))
 }

@@ -2,22 +2,23 @@
 //!
 //! A device whose driver cannot disassociate user contexts (soft-RoCE among them) is only
 //! unregistered once every process that opened it has closed it. A runtime holds, per device,
-//! librdmacm's context, a PD and per shard a completion channel and a CQ, all borrowed by its
-//! shard threads for the runtime's whole life; so when a device goes, the runtime retires as a
+//! librdmacm's context and a PD for its whole life, and each connection its own QP, CQ,
+//! completion channel and memory regions; so when a device goes, the runtime retires as a
 //! whole. Two signs start it, whichever comes first:
 //! - `RDMA_CM_EVENT_DEVICE_REMOVAL` on any id of a shard (rdma_cm's `cma_process_remove`,
 //!   when the kernel removes rdma_cm's client from the device before the verbs client);
 //! - the device's verbs node (`/sys/class/infiniband_verbs/uverbsN`) gone, seen by the
-//!   runtime thread every [`WATCH_INTERVAL`] (when the verbs client goes first: see [`watch`]),
-//!   or for an in-task runtime by a task of the application's runtime ([`watch_in_task`]).
+//!   runtime thread every [`WATCH_INTERVAL`] (when the verbs client goes first: see [`watch`]).
 //!
 //! Then:
 //! 1. every runtime of the process is taken out of the registry (a new handle starts a fresh
 //!    runtime that opens the devices present then) and each of its shards is told;
 //! 2. each shard fails its listeners and connections with [`Lost::DeviceRemoved`] (pending
 //!    `accept`, `recv`, `send`, connects and accepts in setup), destroys their ids and QPs
-//!    and frees their memory regions at once (no drain: the device is going), then ends;
-//! 3. the runtime thread drops the CQs, completion channels, PDs and its references on
+//!    and takes their CQs, completion channels and memory regions from their data paths at
+//!    once (no drain: the device is going; the handles still deliver what was received
+//!    before), then ends;
+//! 3. the runtime thread drops the PDs and its references on
 //!    librdmacm's contexts, then lists librdmacm's devices until the removed one is no longer
 //!    listed: librdmacm closes a device's context only when it finds the device gone from
 //!    the verbs device list (`sync_devices_list` in rdma-core's `librdmacm/cma.c`) while
@@ -60,7 +61,7 @@ pub(crate) struct Removal {
 }
 
 impl Removal {
-    pub(super) fn is_retired(&self) -> bool {
+    pub(crate) fn is_retired(&self) -> bool {
         self.retired.load(Ordering::Acquire)
     }
 
@@ -222,26 +223,6 @@ pub(super) fn watch<T>(
                     removal.retire(Some(gone));
                 }
             }
-        }
-    }
-}
-
-/// [`watch`] for an in-task runtime ([`Config::in_task`](crate::Config::in_task)), which has no
-/// runtime thread: a task of the application's runtime that looks every [`WATCH_INTERVAL`] (a
-/// listing of a few sysfs entries, on the application's thread) until the runtime retires or
-/// its shard ends. Without it an in-task runtime alone in its process would wait for a
-/// `DEVICE_REMOVAL` that rdma_cm sends only after the process has let go of the device.
-pub(super) async fn watch_in_task(runtime: std::sync::Weak<Runtime>, opened: Vec<String>) {
-    loop {
-        tokio::time::sleep(WATCH_INTERVAL).await;
-        let Some(rt) = runtime.upgrade() else {
-            return;
-        };
-        if rt.removal.is_retired() || !rt.running() {
-            return;
-        }
-        if let Some(gone) = node_gone(&opened) {
-            return rt.device_removed(Some(gone));
         }
     }
 }

@@ -260,3 +260,14 @@ pub fn malloc_trim() {
 pub fn no_huge_pages() {
     evchan_sys::disable_transparent_huge_pages().unwrap();
 }
+
+/// Raises the process's soft limit of open descriptors to its hard limit and checks that it
+/// allows `want`: each connection end holds two (its completion channel and that channel's
+/// readiness proxy), and both ends of the scale tests live in this process.
+pub fn open_files_for(want: u64) {
+    let limit = evchan_sys::raise_open_files_limit().unwrap();
+    assert!(
+        limit >= want,
+        "RLIMIT_NOFILE allows {limit} descriptors; this test needs {want} (ulimit -Hn)"
+    );
+}

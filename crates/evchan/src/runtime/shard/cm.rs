@@ -1,5 +1,5 @@
 //! The rdma_cm side: the commands that make, answer and close ids (connect, listen, accept,
-//! reject, close) and the event channel's events (requests and their migration to a shard,
+//! reject) and the event channel's events (requests and their migration to a shard,
 //! disconnection).
 
 use std::net::SocketAddr;
@@ -12,16 +12,17 @@ use evchan_core::cm::{EventKind, PortSpace};
 use evchan_core::{CmEvent, CmId};
 
 use super::setup::handshake;
-use super::{Listening, Migrated, Shard, ACK_GRACE, DRAIN_TIMEOUT};
+use super::{Listening, Migrated, Shard, ACK_GRACE};
 use crate::cm_map::{conn_param, resolve_failed};
 use crate::config::Config;
 use crate::error::{Error, Lost, Result, Step};
-use crate::proto::{self, Credits, Peer};
+use crate::proto::{self, Peer};
 use crate::runtime::conn::{Conn, IdState, Phase};
 use crate::runtime::half_open::{HalfOpen, HalfOpenLimit};
-use crate::runtime::{ConnId, Delivery, SendEnd};
+use crate::runtime::ConnId;
+use crate::wire::{Heard, Wire};
 
-impl<'s, 'c> Shard<'s, 'c> {
+impl<'s> Shard<'s> {
     pub(super) fn connect(
         &mut self,
         conn: ConnId,
@@ -122,37 +123,7 @@ impl<'s, 'c> Shard<'s, 'c> {
                 tracing::debug!(?conn, "reject failed: {}", e.error);
             }
         }
-        self.release(conn, c);
-    }
-
-    pub(super) fn close(&mut self, conn: ConnId, reply: Option<oneshot::Sender<()>>) {
-        let Some(c) = self.conns.get_mut(&conn) else {
-            if let Some(r) = reply {
-                let _ = r.send(());
-            }
-            return;
-        };
-        c.close_waiters.extend(reply);
-        c.inbox = None;
-        match c.phase {
-            Phase::Open => {
-                // No deadline while queued messages wait for the peer's credits: a live peer
-                // that reads slowly gets everything. Once the FIN is posted, the transport's
-                // retries bound the rest, and DRAIN_TIMEOUT after that.
-                c.want_fin = true;
-                c.closing = true;
-                self.dirty.push(conn);
-            }
-            Phase::Draining => {}
-            Phase::Setup(_) | Phase::Requested => {
-                if let Some(r) = c.reply.take() {
-                    let _ = r.send(Err(Error::ConnectionLost(Lost::Closed)));
-                }
-                if let Some(c) = self.remove(conn) {
-                    self.release(conn, c);
-                }
-            }
-        }
+        self.release(c, Lost::Closed);
     }
 
     // ---------------------------------------------------------------------------------------
@@ -210,7 +181,7 @@ impl<'s, 'c> Shard<'s, 'c> {
         }
         match phase {
             Some(Phase::Setup(_) | Phase::Requested) => self.on_setup_event(conn, &event),
-            Some(Phase::Open | Phase::Draining) => match kind {
+            Some(Phase::Open | Phase::Closing) => match kind {
                 EventKind::Disconnected | EventKind::DeviceRemoval => {
                     drop(event);
                     self.on_disconnected(conn, kind == EventKind::DeviceRemoval);
@@ -301,61 +272,27 @@ impl<'s, 'c> Shard<'s, 'c> {
     }
 
     fn on_disconnected(&mut self, conn: ConnId, removed: bool) {
-        // Completions that came before the disconnect are delivered first.
-        if let Some(d) = self
-            .conns
-            .get(&conn)
-            .and_then(|c| c.path.as_ref())
-            .map(|p| p.dev)
-        {
-            let _ = self.poll_cq(d);
-        }
+        let cause = self.env.removal_cause(removed);
         let Some(c) = self.conns.get_mut(&conn) else {
             return;
         };
-        c.disconnected = true;
+        let Some(wire) = c.wire.clone() else {
+            return;
+        };
+        // Completions that came before the disconnect are delivered first (the wire reaps
+        // them before it records the end).
+        wire.peer_disconnected(cause.clone(), c.closing);
         // The peer's disconnect can overtake the acknowledgement of a send it received (rxe
         // completes our send when that acknowledgement is processed): our own disconnect,
         // which flushes what is in flight, waits for those sends, at most `ACK_GRACE`.
-        c.disconnect_deferred = !removed && c.sending();
+        if cause.is_none() && !c.disconnect_deferred && wire.sending() {
+            c.disconnect_deferred = true;
+            c.phase = Phase::Closing;
+            return self.wait_for(conn, wire, ACK_GRACE, Heard::Quiet, Wire::poll_quiet);
+        }
         if !c.disconnect_deferred {
-            c.id.disconnect();
+            self.finish(conn, Lost::Closed);
         }
-        // A peer in another retiring runtime of this process may disconnect before this
-        // shard is told: the cause is still the removal.
-        let lost = self.env.removal_cause(removed).or_else(|| {
-            if c.closing || c.credits.as_ref().is_none_or(Credits::fin_received) {
-                None
-            } else {
-                Some(Lost::Disconnected)
-            }
-        });
-        if !c.ended {
-            c.ended = true;
-            if let Some(inbox) = &c.inbox {
-                let _ = inbox.send(match &lost {
-                    None => Delivery::Fin,
-                    Some(l) => Delivery::Lost(l.clone()),
-                });
-            }
-        }
-        if let Some(shared) = &c.shared {
-            shared.end(match lost {
-                Some(l) => SendEnd::Lost(l),
-                None if c.closing => SendEnd::Lost(Lost::Closed),
-                None => SendEnd::PeerClosed,
-            });
-        }
-        c.phase = Phase::Draining;
-        c.deadline = Some(
-            Instant::now()
-                + if c.disconnect_deferred {
-                    ACK_GRACE
-                } else {
-                    DRAIN_TIMEOUT
-                },
-        );
-        self.try_finish(conn);
     }
 }
 

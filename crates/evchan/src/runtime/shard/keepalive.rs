@@ -6,26 +6,31 @@
 //! connection to an evchan peer has had no completion for its keepalive interval, a keepalive
 //! goes out: a control message that returns no credits (see
 //! [`Credits::keepalive`](crate::proto::Credits::keepalive)). The peer's device acknowledges
-//! it; if nobody does, the send fails after the transport's retries (`RETRY_EXC_ERR`) and the
-//! completion path ends the connection like any failed work request.
+//! it; if nobody does, the send fails after the transport's retries (`RETRY_EXC_ERR`), and
+//! whoever reaps that completion (a waiting `recv`, `send` or `close`, whose task the
+//! completion wakes, or the shard at its next check) ends the connection like any failed work
+//! request. Each check also reaps what an idle connection's CQ holds, so that the peer's own
+//! keepalives are confirmed while nobody waits on this side.
 
 use std::time::Instant;
 
-use super::{connected, post_ctrl, CtrlPost, Shard};
+use super::Shard;
 use crate::runtime::conn::Phase;
 use crate::runtime::ConnId;
 
-impl Shard<'_, '_> {
+impl Shard<'_> {
     /// A connection `conn` became open: it is checked half a keepalive interval from now.
     pub(super) fn keepalive_opened(&mut self, conn: ConnId) {
         let Some(c) = self.conns.get_mut(&conn) else {
             return;
         };
-        let (Some(idle), true) = (c.config.keepalive, c.credits.is_some()) else {
+        let (Some(idle), true) = (c.config.keepalive, c.evchan_peer()) else {
             return;
         };
         c.last_activity = Instant::now();
-        c.active = false;
+        if let Some(w) = &c.wire {
+            w.take_active();
+        }
         let at = c.last_activity + idle / 2;
         self.keepalive_at = Some(self.keepalive_at.map_or(at, |t| t.min(at)));
     }
@@ -46,56 +51,43 @@ impl Shard<'_, '_> {
         let mut due = Vec::new();
         let mut next: Option<Instant> = None;
         for (conn, c) in &mut self.conns {
-            let (Phase::Open, true, Some(idle)) =
-                (c.phase, c.credits.is_some(), c.config.keepalive)
+            let (Phase::Open, true, Some(idle)) = (c.phase, c.evchan_peer(), c.config.keepalive)
             else {
                 continue;
             };
-            if std::mem::take(&mut c.active) {
+            let active = c.wire.as_ref().is_some_and(|w| w.take_active());
+            if active {
                 if let Some(t) = previous {
                     c.last_activity = c.last_activity.max(t);
                 }
             }
-            if c.last_activity + idle <= now {
-                due.push(*conn);
+            let keepalive = c.last_activity + idle <= now;
+            if keepalive {
                 c.last_activity = now;
             }
+            due.push((*conn, keepalive));
             let at = (c.last_activity + idle).min(now + idle / 2);
             next = Some(next.map_or(at, |n| n.min(at)));
         }
         self.keepalive_at = next;
-        for conn in due {
-            self.send_keepalive(conn, now);
+        for (conn, keepalive) in due {
+            self.check(conn, keepalive);
         }
     }
 
-    fn send_keepalive(&mut self, conn: ConnId, now: Instant) {
-        let Some(c) = self.conns.get_mut(&conn) else {
+    /// Reaps what the connection's CQ holds (confirming the peer's keepalives, among others),
+    /// and sends a keepalive when `keepalive` (whether it goes or not: no control credit free
+    /// means unconfirmed control messages, whose confirmation is due).
+    fn check(&mut self, conn: ConnId, keepalive: bool) {
+        let Some(c) = self.conns.get(&conn) else {
             return;
         };
-        // The next one an interval from now, whether this one goes or not (no control credit
-        // free: control messages are unconfirmed, and the peer's confirmation is due).
-        c.last_activity = now;
-        let (Some(path), Some(id), Some(credits)) =
-            (c.path.as_mut(), connected(&c.id), c.credits.as_mut())
-        else {
-            return;
-        };
-        if path.free_ctrl.is_empty() {
-            return;
-        }
-        let saved = credits.clone();
-        let Some(imm) = credits.keepalive() else {
-            return;
-        };
-        match post_ctrl(id, path, &mut self.posted, conn, imm) {
-            CtrlPost::Posted(_) => {
-                tracing::trace!(parent: &c.span, imm, "keepalive");
-                c.outstanding += 1;
+        if let Some(wire) = &c.wire {
+            if keepalive {
+                tracing::trace!(parent: &c.span, "keepalive due");
             }
-            // Sends are queued: their completions (or their failure) say the same.
-            CtrlPost::QueueFull => *credits = saved,
-            CtrlPost::Failed(why) => self.lose(conn, why),
+            // A loss found here tells the shard itself (`Heard::Lost`).
+            wire.tick(keepalive);
         }
     }
 }

@@ -2,12 +2,11 @@
 
 use evchan_core::cm::IdKey;
 
-use super::flow::tell_lost;
 use super::Shard;
 use crate::error::{Error, Lost};
 use crate::runtime::{Cmd, ConnId};
 
-impl Shard<'_, '_> {
+impl Shard<'_> {
     /// `DEVICE_REMOVAL` on the id `key` (its event already acked): every runtime of the
     /// process retires, this shard at once.
     pub(super) fn on_device_removal(&mut self, key: IdKey) {
@@ -15,8 +14,8 @@ impl Shard<'_, '_> {
             .by_key
             .get(&key)
             .and_then(|conn| self.conns.get(conn))
-            .and_then(|c| c.path.as_ref())
-            .map(|p| self.env.names[p.dev].clone());
+            .and_then(|c| c.device)
+            .map(|dev| self.env.names[dev].clone());
         tracing::debug!(
             ?device,
             listener = self.listener_keys.contains_key(&key),
@@ -50,10 +49,11 @@ impl Shard<'_, '_> {
             let Some(mut c) = self.remove(conn) else {
                 continue;
             };
-            tell_lost(&mut c, &Lost::DeviceRemoved);
-            self.release(conn, c);
+            if let Some(reply) = c.reply.take() {
+                let _ = reply.send(Err(Error::ConnectionLost(Lost::DeviceRemoved)));
+            }
+            self.release(c, Lost::DeviceRemoved);
         }
-        self.dirty.clear();
         tracing::debug!(
             listeners = n_listeners,
             connections = n_conns,

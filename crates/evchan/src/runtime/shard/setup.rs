@@ -2,23 +2,23 @@
 //! path (QP, slot pools, posted receives), the handshake in the private data, and the
 //! setup's failure.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
-
-use tokio::sync::mpsc;
 
 use evchan_core::cm::state::Requested;
 use evchan_core::cm::EventKind;
-use evchan_core::verbs::{Cq, Pd, PostedSlot, QpInit, Slot};
+use evchan_core::verbs::{OwnedCompChannel, OwnedCq, OwnedMr, OwnedPd, QpHandle, QpInit};
 use evchan_core::{CmEvent, CmId};
 
-use super::{record, Shard, WrKind};
+use super::Shard;
 use crate::cm_map;
 use crate::error::{Error, Lost, Result, Step};
 use crate::proto::{self, Credits, Peer};
-use crate::runtime::conn::{Conn, IdState, Path, Phase};
-use crate::runtime::{ConnId, Established, Shared};
+use crate::runtime::conn::{Conn, IdState, Phase};
+use crate::runtime::{ConnId, Established};
+use crate::wire::{Objects, ToShard, Wire};
 
-impl<'s, 'c> Shard<'s, 'c> {
+impl<'s> Shard<'s> {
     pub(super) fn on_setup_event(&mut self, conn: ConnId, event: &CmEvent<'s>) {
         let c = self.conns.get_mut(&conn).expect("present");
         let kind = event.kind();
@@ -137,19 +137,16 @@ impl<'s, 'c> Shard<'s, 'c> {
                 Err(e) => return self.fail_setup(conn, e.into()),
             }
         }
-        let path = c.path.as_ref().expect("a connected id has its path");
+        let wire = Arc::clone(c.wire.as_ref().expect("a connected id has its path"));
         let mut max_send = c.config.max_message as usize;
-        c.credits = match c.peer.as_ref() {
+        let credits = match c.peer.as_ref() {
             Some(Peer::Evchan(hs, _)) => {
                 max_send = max_send.min(hs.max_message as usize);
-                Some(Credits::new(path.mine, *hs))
+                Some(Credits::new(c.config.handshake(), *hs))
             }
             _ => None,
         };
-        let (tx, inbox) = mpsc::unbounded_channel();
-        let shared = Shared::new(c.config.send_depth);
-        c.inbox = Some(tx);
-        c.shared = Some(shared.clone());
+        wire.open(credits);
         c.phase = Phase::Open;
         c.deadline = None;
         c.half_open = None;
@@ -161,30 +158,18 @@ impl<'s, 'c> Shard<'s, 'c> {
         let established = Established {
             conn,
             shard: rt.shard(self.env.index),
-            inbox,
-            shared,
+            wire,
             local_addr: c.local_addr,
             peer_addr: c.peer_addr,
             peer,
             max_send,
         };
-        tracing::debug!(parent: &c.span, peer = ?c.peer_addr, early = c.early.len(), "established");
-        let early = std::mem::take(&mut c.early);
+        tracing::debug!(parent: &c.span, peer = ?c.peer_addr, "established");
         if let Some(reply) = c.reply.take() {
             // A connect or accept future dropped meanwhile drops the connection with the
             // reply: its halves' drop closes it.
             let _ = reply.send(Ok(crate::Connection::from_established(established)));
         }
-        for (slot, wc) in early {
-            if self
-                .conns
-                .get(&conn)
-                .is_some_and(|c| c.phase == Phase::Open)
-            {
-                self.on_recv(conn, slot, &wc);
-            }
-        }
-        self.dirty.push(conn);
         self.keepalive_opened(conn);
     }
 
@@ -192,8 +177,8 @@ impl<'s, 'c> Shard<'s, 'c> {
     // Setup helpers
     // ---------------------------------------------------------------------------------------
 
-    /// Creates the QP, registers the slot pools and posts every receive, for an accepted
-    /// request.
+    /// Creates the QP and the data path (its CQ on a completion channel of its own, the slot
+    /// pools, every receive posted), for an accepted request.
     pub(super) fn setup_path(&mut self, conn: ConnId) -> Result<()> {
         let c = self.conns.get_mut(&conn).expect("present");
         let IdState::Requested(mut id) = std::mem::replace(&mut c.id, IdState::Gone) else {
@@ -214,63 +199,49 @@ impl<'s, 'c> Shard<'s, 'c> {
             .ok_or(Error::Exhausted(
                 "the id's device was not open when the runtime started",
             ))?;
-        let c = self.conns.get_mut(&conn).expect("present");
-        let cost = c.config.cq_cost();
-        if self.cq_free[dev] < cost {
-            return Err(Error::Exhausted(
-                "CQ entries of the shard (see Config::cq_entries)",
-            ));
-        }
-        let config = &c.config;
         let pd = &self.env.pds[dev];
-        let cq = &self.env.cqs[dev];
-        target.create_qp(pd, cq, &config.qp_init())?;
+        let to_shard = ToShard {
+            conn,
+            tx: self.heard.clone(),
+            removal: Arc::clone(&self.env.removal),
+        };
+        let c = self.conns.get_mut(&conn).expect("present");
+        let config = &c.config;
+        let channel = OwnedCompChannel::new(Arc::clone(pd.context()))?;
+        let cq = OwnedCq::new(&channel, config.cq_cost())?;
+        let qp = target.create_qp(pd, &cq, &config.qp_init())?;
         let cm_map::Pools {
             recv_mr,
             recv_slots,
             send_mr,
             free_data,
             free_ctrl,
-        } = config.pools(pd)?;
-        let mine = config.handshake();
-        self.cq_free[dev] -= cost;
-        c.cq_reserved = cost;
-        let path = Path {
-            dev,
-            recv_mr,
-            send_mr,
+        } = config.pools(|pool| Ok(OwnedMr::new(pd, pool)?))?;
+        let mut posted = Vec::with_capacity(recv_slots.len());
+        for slot in recv_slots {
+            posted.push(
+                qp.post_recv_slot(recv_mr.mr(), slot)
+                    .map_err(|e| Error::Verbs(e.error))?,
+            );
+        }
+        let objects = Objects::new(qp, send_mr, recv_mr, cq);
+        c.wire = Some(Wire::new(
+            objects,
             free_data,
             free_ctrl,
-            mine,
-        };
-        for slot in recv_slots {
-            let posted = target
-                .post_recv(&path, slot)
-                .map_err(|e| Error::Verbs(e.error))?;
-            c.outstanding += 1;
-            record(&mut self.posted, conn, posted, WrKind::Recv);
-        }
-        c.path = Some(path);
+            posted,
+            config.max_message,
+            config.busy_poll,
+            to_shard,
+        ));
+        c.device = Some(dev);
         Ok(())
-    }
-
-    pub(super) fn fail_setup(&mut self, conn: ConnId, error: Error) {
-        if let Some(mut c) = self.remove(conn) {
-            tracing::debug!(parent: &c.span, "setup failed: {error}");
-            if let Some(reply) = c.reply.take() {
-                let _ = reply.send(Err(error));
-            }
-            self.release(conn, c);
-        }
     }
 }
 
 /// This side's handshake and the user's private data, for `rdma_connect` / `rdma_accept`.
 pub(super) fn handshake(c: &Conn<'_>) -> Vec<u8> {
-    c.path
-        .as_ref()
-        .map(|p| p.mine.encode(&c.private_data))
-        .unwrap_or_default()
+    c.config.handshake().encode(&c.private_data)
 }
 
 /// The id a path is made for: routed (active side) or requested (passive side).
@@ -279,7 +250,7 @@ enum PathTarget<'a, 's> {
     Requested(&'a mut CmId<'s, Requested>),
 }
 
-impl<'s> PathTarget<'_, 's> {
+impl PathTarget<'_, '_> {
     fn device_name(&self) -> String {
         match self {
             PathTarget::Routed(id) => id.verbs().name(),
@@ -287,22 +258,11 @@ impl<'s> PathTarget<'_, 's> {
         }
     }
 
-    fn create_qp(&mut self, pd: &'s Pd<'_>, cq: &'s Cq<'_>, init: &QpInit) -> Result<()> {
+    fn create_qp(&mut self, pd: &OwnedPd, cq: &OwnedCq, init: &QpInit) -> Result<QpHandle> {
         match self {
-            PathTarget::Routed(id) => id.create_qp_with(pd, cq, cq, init),
-            PathTarget::Requested(id) => id.create_qp_with(pd, cq, cq, init),
+            PathTarget::Routed(id) => id.create_qp_owned(pd, cq, cq, init),
+            PathTarget::Requested(id) => id.create_qp_owned(pd, cq, cq, init),
         }
         .map_err(Error::from)
-    }
-
-    fn post_recv(
-        &self,
-        path: &Path<'s>,
-        slot: Slot,
-    ) -> std::result::Result<PostedSlot, evchan_core::verbs::SlotPostError> {
-        match self {
-            PathTarget::Routed(id) => id.post_recv_slot(&path.recv_mr, slot),
-            PathTarget::Requested(id) => id.post_recv_slot(&path.recv_mr, slot),
-        }
     }
 }
