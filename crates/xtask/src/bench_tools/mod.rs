@@ -1,6 +1,7 @@
 //! `cargo xtask bench --tools [--quick]`: evchan against rdma-core's own tools, in one VM boot.
 //!
-//! Builds `examples/tools_cm.rs`, `tools_pingpong.rs` and `tools_events.rs` (release profile),
+//! Builds `examples/tools_cm.rs`, `tools_pingpong.rs`, `tools_stream.rs` and `tools_events.rs`
+//! (release profile),
 //! then runs in one soft-RoCE VM, server and client in the same VM as the tools do, in rounds
 //! so that both sides of every ratio see the same conditions:
 //!
@@ -9,17 +10,18 @@
 //!   server; the figure is cmtime's `us / conn` (a step's wall time ÷ 100, all in flight);
 //! - 64 B ping-pong: `ib_send_lat -R -e` (completion events) against `tools_pingpong` in event
 //!   mode, `ib_send_lat -R` (busy polling) against it with `Config::busy_poll`; each mode with
-//!   both drivers of the async API, in the same rounds: the shard on a thread of its own
-//!   (`threads`, the default) and the shard as a task on the caller's current-thread runtime
-//!   (`task`, `Config::in_task(true)`, `tools_pingpong --in-task`), each side's loop in
-//!   `block_on`'s future, and `task` again with the loop in a spawned task (`--spawn`); and,
-//!   beside them, the layer under the async API, `evchan-core` alone with one thread per
-//!   side (`core`, `tools_pingpong --layer core`), and the same with its waits done by a
-//!   current-thread tokio runtime per side (`core-tokio`, `--layer core --tokio`); and the
-//!   async API's `evchan::local` on both sides (`local`, `--layer local`, with the target);
-//!   `ib_send_lat` reports half
-//!   a round trip (`t_typical` is the median of the time between two posts of the client,
+//!   the async API on a current-thread runtime per side (`current`), on a multi-thread one of
+//!   two workers with the loop in `block_on`'s future (`multi`) and in a spawned task
+//!   (`multi-spawn`, what `#[tokio::main]` and a task per connection make); and, beside them,
+//!   the layer under the async API, `evchan-core` alone with one thread per side (`core`,
+//!   `tools_pingpong --layer core`), and the same with its waits done by a current-thread tokio
+//!   runtime per side (`core-tokio`, `--layer core --tokio`); `ib_send_lat` reports half a
+//!   round trip (`t_typical` is the median of the time between two posts of the client,
 //!   divided by 2; `99% percentile` likewise), so its figures are doubled here;
+//! - one-way throughput, the window full: `ib_send_bw -R [-e] -s SIZE [-q 4]` against
+//!   `tools_stream` (a task per connection on a 2-worker runtime, default `Config`), 64 B,
+//!   4 KiB and 64 KiB messages over one connection and 64 B over four, in event mode (`-e`)
+//!   and busy-polling;
 //! - CM events per second for 256 connections through 1, 2 and 4 event channels: the async
 //!   API's shards, and evchan-core with one thread per channel, each generating and reading
 //!   every event of whole connections; `drain`, the retrieval alone: 256 `ADDR_RESOLVED`
@@ -73,23 +75,31 @@ const IN_FLIGHT: u32 = 32;
 const DRAIN_ROUNDS: u32 = 32;
 /// The `tools_events` layers, in the order of their rows.
 const EVENT_LAYERS: &[&str] = &["async", "core", "drain", "spin"];
-/// The async ping-pong's drivers: (`driver=` of its result line, with `-spawn` where its
+/// The ping-pong's drivers: (`driver=` of its result line, with `-spawn` where its
 /// `app=spawn`; `tools_pingpong` flags; label).
 const DRIVERS: &[(&str, &str, &str)] = &[
-    ("threads", "", "threads"),
-    ("task", " --in-task", "in-task"),
-    ("task-spawn", " --in-task --spawn", "in-task, spawned loop"),
+    ("current", "", "current-thread runtime"),
+    ("multi", " --multi-thread", "multi-thread runtime, block_on"),
+    (
+        "multi-spawn",
+        " --multi-thread --spawn",
+        "multi-thread runtime, spawned task",
+    ),
     // Not the async API: evchan-core alone, one thread per side (what the layer under it costs).
     ("core", " --layer core", "core layer, no runtime"),
-    // Neither: the same with tokio's waits, no shard (what an async API could reach).
+    // Neither: the same with tokio's waits (what an async API could reach).
     (
         "core-tokio",
         " --layer core --tokio",
         "core layer, tokio waits",
     ),
-    // The async API without a shard: `evchan::local`, the connection a local of the side's
-    // future (with the target: it is the async API).
-    ("local", " --layer local", "evchan::local"),
+];
+/// The throughput runs: (message size, messages per connection, connections).
+const STREAMS: &[(u32, u32, u32)] = &[
+    (64, 20_000, 1),
+    (4096, 10_000, 1),
+    (65536, 2000, 1),
+    (64, 10_000, 4),
 ];
 /// The busy-poll window of the async ping-pong (longer than a round trip in the VM, so the
 /// shards never sleep between two messages, as `ib_send_lat -R` never does).
@@ -100,6 +110,10 @@ struct Plan {
     cm_rounds: u32,
     lat_rounds: u32,
     iters: u32,
+    /// The throughput phase's rounds.
+    stream_rounds: u32,
+    /// The throughput runs' message counts are [`STREAMS`]' divided by this.
+    stream_scale: u32,
     event_rounds: u32,
 }
 
@@ -107,17 +121,23 @@ struct Plan {
 /// and returns it, with the ratios of its rows that `--save` / `--compare` track.
 pub fn run(quick: bool) -> Result<(String, Vec<ToolRatio>)> {
     let plan = if quick {
+        // Still 9 interleaved rounds of the ping-pong and the throughput (the medians of
+        // fewer swing too much under TCG), each shorter.
         Plan {
-            cm_rounds: 3,
-            lat_rounds: 3,
+            cm_rounds: 2,
+            lat_rounds: 9,
             iters: 300,
-            event_rounds: 2,
+            stream_rounds: 9,
+            stream_scale: 4,
+            event_rounds: 1,
         }
     } else {
         Plan {
             cm_rounds: 5,
-            lat_rounds: 5,
+            lat_rounds: 9,
             iters: 1000,
+            stream_rounds: 9,
+            stream_scale: 1,
             event_rounds: 5,
         }
     };
@@ -130,13 +150,17 @@ pub fn run(quick: bool) -> Result<(String, Vec<ToolRatio>)> {
         "--example",
         "tools_pingpong",
         "--example",
+        "tools_stream",
+        "--example",
         "tools_events",
     ])
     .status()
     .is_ok_and(|s| s.success());
     if !ok {
         return Err(
-            "building examples/tools_cm.rs, tools_pingpong.rs, tools_events.rs failed".into(),
+            "building examples/tools_cm.rs, tools_pingpong.rs, tools_stream.rs, tools_events.rs \
+             failed"
+                .into(),
         );
     }
     let examples = target_dir().join("release/examples");
@@ -146,7 +170,7 @@ pub fn run(quick: bool) -> Result<(String, Vec<ToolRatio>)> {
     let job = vm::Job {
         command: script(&examples, &plan),
         env: vec![("EVCHAN_REQUIRE_DEVICE".into(), "1".into())],
-        timeout: Duration::from_secs(if quick { 900 } else { 1800 }),
+        timeout: Duration::from_secs(if quick { 1200 } else { 3600 }),
         ..vm::Job::default()
     };
     let outcome = vm::run(&job, &mut |line| {

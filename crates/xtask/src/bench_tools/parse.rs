@@ -11,6 +11,9 @@ use super::STEPS;
 /// ratio read in the same round ran minutes at most apart, under the same load.
 pub(super) type Rounds<T = f64> = BTreeMap<u32, T>;
 
+/// A throughput figure: (mode, message size, connections, `tool` or `ours`).
+pub(super) type StreamKey = (String, u32, u32, String);
+
 /// What the run printed, by figure: every round's value.
 #[derive(Debug, Default)]
 pub(super) struct Results {
@@ -18,9 +21,12 @@ pub(super) struct Results {
     pub(super) cm: BTreeMap<(String, String), Rounds>,
     /// (layer, step) → the per-connection p99 of each round (ours only).
     pub(super) cm_p99: BTreeMap<(String, String), Rounds>,
-    /// ("event"|"busy", "tool"|"threads"|"task") → (round-trip p50, p99) of each round, µs:
-    /// `ib_send_lat`'s, or ours with that driver.
+    /// ("event"|"busy", "tool" or a driver of [`DRIVERS`](super::DRIVERS)) → (round-trip p50,
+    /// p99) of each round, µs: `ib_send_lat`'s, or ours with that driver.
     pub(super) lat: BTreeMap<(String, String), Rounds<(f64, f64)>>,
+    /// (mode, size, connections, "tool"|"ours") → (messages/s, MB/s) of each round:
+    /// `ib_send_bw`'s, or `tools_stream`'s.
+    pub(super) bw: BTreeMap<StreamKey, Rounds<(f64, f64)>>,
     /// (layer, channels) → events/s of each round.
     pub(super) events: BTreeMap<(String, u32), Rounds>,
     /// (layer) → the events counted in each run (`spin`: its units of work).
@@ -29,6 +35,9 @@ pub(super) struct Results {
     pub(super) drain_waits: Vec<u64>,
     /// The `mode` of the last `@@tools isl` marker: the next result line is its.
     isl_mode: Option<String>,
+    /// The (mode, size, connections) of the last `@@tools isb` marker: the next result line
+    /// is its.
+    isb_run: Option<(String, u32, u32)>,
     /// The number of the last `@@tools round=` marker (each phase counts its rounds from 1).
     round: u32,
     pub(super) failures: Vec<String>,
@@ -67,6 +76,15 @@ fn fields(line: &str) -> BTreeMap<&str, &str> {
         .collect()
 }
 
+/// The `mode=`, `size=` and `conns=` of a throughput marker or result line.
+fn stream_key(f: &BTreeMap<&str, &str>) -> Option<(String, u32, u32)> {
+    Some((
+        (*f.get("mode")?).to_owned(),
+        f.get("size")?.parse().ok()?,
+        f.get("conns")?.parse().ok()?,
+    ))
+}
+
 impl Results {
     pub(super) fn add_line(&mut self, line: &str) {
         let line = line.trim();
@@ -84,6 +102,25 @@ impl Results {
             }
         } else if let Some(rest) = line.strip_prefix("@@tools isl mode=") {
             self.isl_mode = Some(rest.to_owned());
+        } else if let Some(rest) = line.strip_prefix("@@tools isb ") {
+            self.isb_run = stream_key(&fields(rest));
+            if self.isb_run.is_none() {
+                self.failures.push(format!("a bad marker: {line}"));
+            }
+        } else if let Some(rest) = line.strip_prefix("@tools stream ") {
+            let f = fields(rest);
+            if let (Some((mode, size, conns)), Some(rate), Some(mb)) =
+                (stream_key(&f), num(&f, "msgs_per_s"), num(&f, "mb_per_s"))
+            {
+                let key = (mode, size, conns, "ours".to_owned());
+                put(
+                    &mut self.bw,
+                    key,
+                    self.round,
+                    (rate, mb),
+                    &mut self.failures,
+                );
+            }
         } else if let Some(rest) = line.strip_prefix("@tools cm ") {
             let f = fields(rest);
             if let (Some(layer), Some(step), Some(per), Some(p99)) = (
@@ -99,9 +136,9 @@ impl Results {
             }
         } else if let Some(rest) = line.strip_prefix("@tools pingpong ") {
             let f = fields(rest);
-            // Lines from before `driver=` existed came from the threads driver, those from
-            // before `app=` from `block_on`'s future.
-            let driver = f.get("driver").copied().unwrap_or("threads");
+            // A line without `driver=` is a current-thread runtime's, one without `app=` from
+            // `block_on`'s future.
+            let driver = f.get("driver").copied().unwrap_or("current");
             let driver = match f.get("app") {
                 Some(&"spawn") => format!("{driver}-spawn"),
                 _ => driver.to_owned(),
@@ -150,6 +187,20 @@ impl Results {
                 if let [_, _, _, per] = v.as_slice() {
                     let key = ("cmtime".to_owned(), (*step).to_owned());
                     put(&mut self.cm, key, self.round, *per, &mut self.failures);
+                }
+            }
+        } else if let Some((mode, size, conns)) = self.isb_run.clone() {
+            // perftest: `#bytes #iterations BW peak[MB/sec] BW average[MB/sec] MsgRate[Mpps]`.
+            let v: Vec<f64> = line
+                .split_whitespace()
+                .map_while(|t| t.parse().ok())
+                .collect();
+            if let [bytes, _, _, mb, mpps] = v[..] {
+                if bytes == f64::from(size) {
+                    let key = (mode, size, conns, "tool".to_owned());
+                    let v = (mpps * 1e6, mb);
+                    put(&mut self.bw, key, self.round, v, &mut self.failures);
+                    self.isb_run = None;
                 }
             }
         } else if let Some(mode) = self.isl_mode.clone() {
@@ -203,6 +254,8 @@ mod tests {
             cm_rounds,
             lat_rounds,
             iters,
+            stream_rounds: 1,
+            stream_scale: 1,
             event_rounds: 1,
         };
         r.section(&plan, Duration::from_secs(1), "1", "1")
@@ -246,9 +299,9 @@ mod tests {
             r.lat[&("event".into(), "tool".into())],
             Rounds::from([(0, (2.0 * 3866.81, 2.0 * 55566.31))])
         );
-        // A line without `driver=` (from before it existed) is the threads driver's.
+        // A line without `driver=` is the current-thread runtime's.
         assert_eq!(
-            r.lat[&("event".into(), "threads".into())],
+            r.lat[&("event".into(), "current".into())],
             Rounds::from([(0, (900.0, 2000.0))])
         );
         assert_eq!(r.events[&("async".into(), 4)], Rounds::from([(0, 896.0)]));
@@ -261,15 +314,15 @@ mod tests {
         assert!(s.contains("Failed in the VM: tools_cm async"), "{s}");
         assert!(
             s.contains(
-                "| RTT p50, event mode, threads vs `ib_send_lat -R -e` | 900 | 7734 | 0.12 | \
+                "| RTT p50, event mode, current-thread runtime vs `ib_send_lat -R -e` | 900 | 7734 | 0.12 | \
                  0.12 (0.12–0.12) | 2000 / 111133 | 0 % | ≤ 1.15 | yes |"
             ),
             "{s}"
         );
-        // No in-task line was read: its rows say so instead of vanishing.
+        // No multi-thread line was read: its rows say so instead of vanishing.
         assert!(
             s.contains(
-                "| RTT p50, event mode, in-task vs `ib_send_lat -R -e` | – | 7734 | – | – | \
+                "| RTT p50, event mode, multi-thread runtime, block_on vs `ib_send_lat -R -e` | – | 7734 | – | – | \
                  – / 111133 | – | ≤ 1.15 | no figure |"
             ),
             "{s}"
@@ -283,18 +336,17 @@ mod tests {
             "@@tools round=1",
             "@@tools isl mode=busy",
             " 64      300          10.00         20.00      12.50  \t       13.00     \t1.00   \t\t40.00 \t\t50.00",
-            "@tools pingpong mode=busy driver=threads size=64 stats=n=300,p50_us=250.00,p99_us=1000.00,min_us=1.00,max_us=3.00",
-            "@tools pingpong mode=busy driver=task size=64 stats=n=300,p50_us=50.00,p99_us=200.00,min_us=1.00,max_us=3.00",
-            "@tools pingpong mode=event driver=task size=64 stats=n=300,p50_us=300.00,p99_us=600.00,min_us=1.00,max_us=3.00",
-            "@tools pingpong mode=busy driver=task app=spawn size=64 stats=n=300,p50_us=40.00,p99_us=100.00,min_us=1.00,max_us=3.00",
+            "@tools pingpong mode=busy driver=current size=64 stats=n=300,p50_us=250.00,p99_us=1000.00,min_us=1.00,max_us=3.00",
+            "@tools pingpong mode=busy driver=multi size=64 stats=n=300,p50_us=50.00,p99_us=200.00,min_us=1.00,max_us=3.00",
+            "@tools pingpong mode=event driver=multi size=64 stats=n=300,p50_us=300.00,p99_us=600.00,min_us=1.00,max_us=3.00",
+            "@tools pingpong mode=busy driver=multi app=spawn size=64 stats=n=300,p50_us=28.00,p99_us=100.00,min_us=1.00,max_us=3.00",
             "@tools pingpong mode=busy driver=core size=64 stats=n=300,p50_us=26.00,p99_us=90.00,min_us=1.00,max_us=3.00",
             "@tools pingpong mode=busy driver=core-tokio size=64 stats=n=300,p50_us=30.00,p99_us=95.00,min_us=1.00,max_us=3.00",
-            "@tools pingpong mode=busy driver=local size=64 stats=n=300,p50_us=28.00,p99_us=92.00,min_us=1.00,max_us=3.00",
             // Round 2 has no `ib_send_lat` line: its figures count in the medians, not in the
             // paired ratios.
             "@@tools round=2",
-            "@tools pingpong mode=event driver=task size=64 stats=n=300,p50_us=500.00,p99_us=800.00,min_us=1.00,max_us=3.00",
-            "@tools pingpong mode=busy driver=task app=block_on size=64 stats=n=300,p50_us=60.00,p99_us=300.00,min_us=1.00,max_us=3.00",
+            "@tools pingpong mode=event driver=multi size=64 stats=n=300,p50_us=500.00,p99_us=800.00,min_us=1.00,max_us=3.00",
+            "@tools pingpong mode=busy driver=multi app=block_on size=64 stats=n=300,p50_us=60.00,p99_us=300.00,min_us=1.00,max_us=3.00",
         ] {
             r.add_line(line);
         }
@@ -303,35 +355,68 @@ mod tests {
             Rounds::from([(1, (25.0, 80.0))])
         );
         assert_eq!(
-            r.lat[&("busy".into(), "threads".into())],
+            r.lat[&("busy".into(), "current".into())],
             Rounds::from([(1, (250.0, 1000.0))])
         );
         assert_eq!(
-            r.lat[&("busy".into(), "task".into())],
+            r.lat[&("busy".into(), "multi".into())],
             Rounds::from([(1, (50.0, 200.0)), (2, (60.0, 300.0))])
         );
         assert_eq!(
-            r.lat[&("busy".into(), "task-spawn".into())],
-            Rounds::from([(1, (40.0, 100.0))])
+            r.lat[&("busy".into(), "multi-spawn".into())],
+            Rounds::from([(1, (28.0, 100.0))])
         );
         assert_eq!(
-            r.lat[&("event".into(), "task".into())],
+            r.lat[&("event".into(), "multi".into())],
             Rounds::from([(1, (300.0, 600.0)), (2, (500.0, 800.0))])
         );
-        assert!(!r.lat.contains_key(&("event".into(), "threads".into())));
+        assert!(!r.lat.contains_key(&("event".into(), "current".into())));
         let s = section(&r, 1, 2, 300).text;
         for want in [
-            "| RTT p50, busy-poll, threads vs `ib_send_lat -R` | 250 | 25.0 | 10.00 | 10.00 (10.00–10.00) | 1000 / 80.0 | 0 % | ≤ 1.15 | **no** |",
-            "| RTT p99, busy-poll, threads vs `ib_send_lat -R` | 1000 | 80.0 | 12.50 | 12.50 (12.50–12.50) |  | 0 % |  |  |",
+            "| RTT p50, busy-poll, current-thread runtime vs `ib_send_lat -R` | 250 | 25.0 | 10.00 | 10.00 (10.00–10.00) | 1000 / 80.0 | 0 % | ≤ 1.15 | **no** |",
+            "| RTT p99, busy-poll, current-thread runtime vs `ib_send_lat -R` | 1000 | 80.0 | 12.50 | 12.50 (12.50–12.50) |  | 0 % |  |  |",
             // The median of 50 and 60 against round 1's tool; paired: round 1's 50 alone.
-            "| RTT p50, busy-poll, in-task vs `ib_send_lat -R` | 55.0 | 25.0 | 2.20 | 2.00 (2.00–2.00) | 250 / 80.0 | 18 % | ≤ 1.15 | **no** |",
-            "| RTT p50, busy-poll, in-task, spawned loop vs `ib_send_lat -R` | 40.0 | 25.0 | 1.60 | 1.60 (1.60–1.60) | 100 / 80.0 | 0 % | ≤ 1.15 | **no** |",
-            "| RTT p50, busy-poll, in-task vs threads | 55.0 | 250 | 0.22 | 0.20 (0.20–0.20) | 250 / 1000 | 18 % |  |  |",
+            "| RTT p50, busy-poll, multi-thread runtime, block_on vs `ib_send_lat -R` | 55.0 | 25.0 | 2.20 | 2.00 (2.00–2.00) | 250 / 80.0 | 18 % | ≤ 1.15 | **no** |",
+            "| RTT p50, busy-poll, multi-thread runtime, spawned task vs `ib_send_lat -R` | 28.0 | 25.0 | 1.12 | 1.12 (1.12–1.12) | 100 / 80.0 | 0 % | ≤ 1.15 | yes |",
             "| RTT p50, busy-poll, core layer, no runtime vs `ib_send_lat -R` | 26.0 | 25.0 | 1.04 | 1.04 (1.04–1.04) | 90.0 / 80.0 | 0 % |  |  |",
             "| RTT p50, busy-poll, core layer, tokio waits vs `ib_send_lat -R` | 30.0 | 25.0 | 1.20 | 1.20 (1.20–1.20) | 95.0 / 80.0 | 0 % |  |  |",
-            "| RTT p50, busy-poll, evchan::local vs `ib_send_lat -R` | 28.0 | 25.0 | 1.12 | 1.12 (1.12–1.12) | 92.0 / 80.0 | 0 % | ≤ 1.15 | yes |",
-            "| RTT p50, event mode, in-task vs `ib_send_lat -R -e` | 400 | – | – | – | 700 / – | 50 % | ≤ 1.15 | no figure |",
-            "| RTT p50, event mode, in-task vs threads | 400 | – | – | – | 700 / – | 50 % |  |  |",
+            "| RTT p50, event mode, multi-thread runtime, block_on vs `ib_send_lat -R -e` | 400 | – | – | – | 700 / – | 50 % | ≤ 1.15 | no figure |",
+        ] {
+            assert!(s.contains(want), "{want}\n{s}");
+        }
+    }
+
+    #[test]
+    fn parses_throughput_of_both_sides() {
+        let mut r = Results::default();
+        for line in [
+            "@@tools round=1",
+            "@@tools isb mode=event size=64 conns=1",
+            " #bytes     #iterations    BW peak[MB/sec]    BW average[MB/sec]   MsgRate[Mpps]",
+            " 64         20000            1.66               1.05   \t\t   0.017176",
+            "@tools stream mode=event conns=1 size=64 msgs=20000 secs=1.2311 msgs_per_s=15000 mb_per_s=0.99",
+            "@@tools isb mode=busy size=65536 conns=1",
+            " 65536      2000             51.14              50.00  \t\t   0.000790",
+            "@tools stream mode=busy conns=1 size=65536 msgs=2000 secs=2.9152 msgs_per_s=686 mb_per_s=49.00",
+            "@@tools isb bad",
+        ] {
+            r.add_line(line);
+        }
+        let key = |mode: &str, size, who: &str| (mode.to_owned(), size, 1, who.to_owned());
+        assert_eq!(
+            r.bw[&key("event", 64, "tool")],
+            Rounds::from([(1, (17176.0, 1.05))])
+        );
+        assert_eq!(
+            r.bw[&key("busy", 65536, "ours")],
+            Rounds::from([(1, (686.0, 49.0))])
+        );
+        assert_eq!(r.failures, vec!["a bad marker: @@tools isb bad".to_owned()]);
+        let s = section(&r, 1, 1, 300).text;
+        for want in [
+            "| messages/s, 64 B, 1 connection, event mode vs `ib_send_bw -R -e` | 15000 | 17176 | 0.87 | 0.87 (0.87–0.87) |  | 0 % | ≥ 0.80 | yes |",
+            "| MB/s, 64 KiB, 1 connection, busy-poll vs `ib_send_bw -R` | 49.0 | 50.0 | 0.98 | 0.98 (0.98–0.98) |  | 0 % | ≥ 0.95 | yes |",
+            "| messages/s, 64 B, 4 connections, busy-poll vs `ib_send_bw -R` | – | – | – | – |  | – | ≥ 0.80 | no figure |",
         ] {
             assert!(s.contains(want), "{want}\n{s}");
         }

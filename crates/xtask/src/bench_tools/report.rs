@@ -7,7 +7,7 @@ use std::time::Duration;
 use super::parse::{Results, Rounds};
 use super::{
     Plan, BUSY_POLL_US, CHANNELS, DRAIN_ROUNDS, DRIVERS, EVENT_CONNS, EVENT_LAYERS, IN_FLIGHT,
-    LAYERS, STEPS,
+    LAYERS, STEPS, STREAMS,
 };
 
 /// What begins the name of every tracked ratio of the tools run (and of no criterion row).
@@ -158,31 +158,21 @@ impl Results {
         let _ = write!(
             out,
             "\n### 64 B ping-pong round trip (µs)\n\n\
-             Ours: `tools_pingpong` (async `Connection::send` then `recv`, one shard each side, \
-             a current-thread tokio runtime per side), with each driver in the same rounds: \
-             `threads` (the shard on a thread of its own, the default) and `in-task` \
-             (`Config::in_task(true)`: the shard a task on that runtime), each with the side's \
-             loop in `block_on`'s future; `in-task, spawned loop` is `in-task` with each side's \
-             loop in a task of its own (`--spawn`, as an application that spawns a task per \
-             connection: waking `block_on`'s future writes the runtime's eventfd and takes a turn \
-             of its reactor, waking a task only queues it); `core layer, no runtime` is the same \
-             ping-pong through `evchan-core` alone (`--layer core`: one thread per side, the QP on \
-             its PD and CQ, a signaled SEND of a registered slot per message, `Cq::poll_one` \
-             spinning, or `Cq::wait` in event mode), not the async API, so without the target; \
-             `core layer, tokio waits` is that ping-pong with each side's loop in one `block_on` \
-             of a current-thread tokio runtime whose waits are tokio's (`--tokio`: busy-poll \
-             yields every 64 empty polls, event mode waits through `AsyncWaiter`), no shard: \
-             what an async API that posts and reaps from the connection's own task could reach, \
-             also without the target; `evchan::local` is the async API's `evchan::local` on both \
-             sides (`--layer local`: the connection's objects locals of the side's future in \
-             `block_on`, `send` posting from the caller's buffer and `recv_with` reaping from \
-             that task and lending each message where it lies, no shard, no allocation per \
-             message), with the target; baseline: \
+             Ours: `tools_pingpong` (`Connection::send` then `recv`, default `Config` but for \
+             `shards(1)`, the messages posted and reaped in the caller's task), on a \
+             current-thread tokio runtime per side with the loop in `block_on`'s future, and on a \
+             multi-thread runtime of two workers per side with the loop in `block_on`'s future \
+             (each wake-up then moves from a worker to the thread in `block_on`) and in a \
+             spawned task (`#[tokio::main]` with a task per connection). `core layer, no \
+             runtime` is the same ping-pong through `evchan-core` alone (`--layer core`: one \
+             thread per side, a signaled SEND of a registered slot per message, `Cq::poll_one` \
+             spinning, or `Cq::wait` in event mode), and `core layer, tokio waits` the same in \
+             one `block_on` of a current-thread runtime per side whose waits are tokio's \
+             (`--tokio`: busy-poll yields every 64 empty polls, event mode waits through \
+             `AsyncWaiter`): the layer under the async API, so without the target. Baseline: \
              `ib_send_lat -R [-e] -s 64 -n {}`, its half-round-trip figures doubled \
              (p50 from `t_typical`, p99 from `99% percentile`). Busy-poll: \
-             `Config::busy_poll({BUSY_POLL_US} µs)`. The p99 column gives ours / the tool's. \
-             The `in-task vs threads` rows compare the two drivers (baseline: threads; their p99 column \
-             gives in-task / threads).\n\n",
+             `Config::busy_poll({BUSY_POLL_US} µs)`. The p99 column gives ours / the tool's.\n\n",
             plan.iters
         );
         out.push_str(header);
@@ -227,21 +217,8 @@ impl Results {
                     Track::Time,
                 );
             }
-            let (threads, task) = (get("threads"), get("task"));
-            row_text(
-                &mut out,
-                &format!("RTT p50, {label}, in-task vs threads"),
-                &p50(task),
-                &p50(threads),
-                &format!(
-                    "{} / {}",
-                    fmt(median(&values(&p99(task)))),
-                    fmt(median(&values(&p99(threads))))
-                ),
-                None,
-                Track::Time,
-            );
         }
+        self.throughput(&mut out, plan, header);
 
         let _ = write!(
             out,
@@ -334,6 +311,70 @@ impl Results {
 enum Target {
     AtMost(f64),
     AtLeast(f64),
+}
+
+impl Results {
+    /// The throughput table: `tools_stream` against `ib_send_bw`, each mode against the tool in
+    /// the same mode.
+    fn throughput(&self, out: &mut Section, plan: &Plan, header: &str) {
+        let _ = write!(
+            out,
+            "\n### One-way throughput, the window full\n\n\
+             Ours: `tools_stream` (default `Config` but for `max_message`, raised to the size; \
+             a multi-thread runtime of two workers per side, a task per connection), each task \
+             sending as fast as the peer's credits let it; the server's tasks receive and drop \
+             the messages, then reply with one byte; the clock runs from the first send to the \
+             last reply. Baseline: `ib_send_bw -R [-e] -s SIZE -n COUNT [-q 4]` (its `MsgRate` \
+             and `BW average`), right before ours in each round; {} rounds. Event mode: ours \
+             sleeping on the completion channel when it waits, against `ib_send_bw -R -e`; \
+             busy-poll: `Config::busy_poll({BUSY_POLL_US} µs)` against `ib_send_bw -R`, which \
+             polls always. MB = 2^20 bytes.\n\n",
+            plan.stream_rounds
+        );
+        out.push_str(header);
+        for (mode, label, tool) in [
+            ("event", "event mode", "`ib_send_bw -R -e`"),
+            ("busy", "busy-poll", "`ib_send_bw -R`"),
+        ] {
+            for (size, _, conns) in STREAMS {
+                let get = |who: &str, mb: bool| -> Rounds {
+                    self.bw
+                        .get(&(mode.to_owned(), *size, *conns, who.to_owned()))
+                        .map(|v| {
+                            v.iter()
+                                .map(|(r, x)| (*r, if mb { x.1 } else { x.0 }))
+                                .collect()
+                        })
+                        .unwrap_or_default()
+                };
+                let mb = *size >= 65536;
+                let (what, target) = if mb {
+                    ("MB/s", Target::AtLeast(0.95))
+                } else {
+                    ("messages/s", Target::AtLeast(0.80))
+                };
+                let size_label = if *size >= 1024 {
+                    format!("{} KiB", size / 1024)
+                } else {
+                    format!("{size} B")
+                };
+                let conns_label = if *conns == 1 {
+                    "1 connection".to_owned()
+                } else {
+                    format!("{conns} connections")
+                };
+                row_text(
+                    out,
+                    &format!("{what}, {size_label}, {conns_label}, {label} vs {tool}"),
+                    &get("ours", mb),
+                    &get("tool", mb),
+                    "",
+                    Some(target),
+                    Track::Rate,
+                );
+            }
+        }
+    }
 }
 
 /// A table row whose p99 column is the median of the rounds' p99s.

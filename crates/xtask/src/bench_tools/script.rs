@@ -6,7 +6,7 @@ use std::path::Path;
 
 use super::{
     Plan, ADDR, BUSY_POLL_US, CHANNELS, CONNS, DRAIN_ROUNDS, DRIVERS, EVENT_CONNS, IN_FLIGHT,
-    LAYERS,
+    LAYERS, STREAMS,
 };
 use crate::vm;
 
@@ -18,17 +18,25 @@ pub(super) fn script(examples: &Path, plan: &Plan) -> String {
     let mut s = format!(
         "A={ADDR}\nE={e}\nstatus=0\n\
          fail() {{ echo \"@@tools failed: $*\"; status=1; }}\n\
-         # ib_send_lat: server in the background, client retried while nobody listens yet.\n\
-         isl() {{\n\
-         \x20 mode=$1; shift\n\
+         # A perftest tool (`$1`): server in the background, client retried while nobody\n\
+         # listens yet; its output after the marker line `@@tools $2`.\n\
+         perf() {{\n\
+         \x20 bin=$1; marker=$2; shift 2\n\
          \x20 for try in 1 2 3 4 5 6 7 8 9 10; do\n\
-         \x20   timeout 300 ib_send_lat -R \"$@\" -F >/dev/null 2>&1 & s=$!\n\
+         \x20   timeout 300 $bin -R \"$@\" -F >/dev/null 2>&1 & s=$!\n\
          \x20   sleep 1\n\
-         \x20   out=$(timeout 300 ib_send_lat -R \"$@\" -F $A 2>&1); rc=$?\n\
+         \x20   out=$(timeout 300 $bin -R \"$@\" -F $A 2>&1); rc=$?\n\
          \x20   kill $s 2>/dev/null; wait $s 2>/dev/null\n\
-         \x20   if [ $rc = 0 ]; then echo \"@@tools isl mode=$mode\"; echo \"$out\"; return; fi\n\
+         \x20   if [ $rc = 0 ]; then echo \"@@tools $marker\"; echo \"$out\"; return; fi\n\
          \x20 done\n\
-         \x20 echo \"$out\"; fail \"ib_send_lat $mode\"\n\
+         \x20 echo \"$out\"; fail \"$bin $marker\"\n\
+         }}\n\
+         isl() {{ mode=$1; shift; perf ib_send_lat \"isl mode=$mode\" \"$@\"; }}\n\
+         isb() {{ what=$1; shift; perf ib_send_bw \"isb $what\" \"$@\"; }}\n\
+         st() {{\n\
+         \x20 timeout 300 $E/tools_stream --serve $A:7491 \"$@\" & s=$!\n\
+         \x20 timeout 300 $E/tools_stream --connect $A:7491 \"$@\" || {{ kill $s; fail tools_stream \"$@\"; }}\n\
+         \x20 wait $s\n\
          }}\n\
          pp() {{\n\
          \x20 timeout 300 $E/tools_pingpong --serve $A:7490 \"$@\" & s=$!\n\
@@ -78,6 +86,24 @@ pub(super) fn script(examples: &Path, plan: &Plan) -> String {
             );
         }
     }
+    s.push_str("echo '@@tools phase throughput'\n");
+    for round in 1..=plan.stream_rounds {
+        let _ = writeln!(s, "echo '@@tools round={round}'");
+        for (size, count, conns) in STREAMS {
+            let count = (count / plan.stream_scale).max(1);
+            let q = if *conns > 1 {
+                format!(" -q {conns}")
+            } else {
+                String::new()
+            };
+            let what = format!("size={size} conns={conns}");
+            let run = format!("--size {size} --count {count} --conns {conns}");
+            let _ = writeln!(s, "isb 'mode=event {what}' -e -s {size} -n {count}{q}");
+            let _ = writeln!(s, "st {run}");
+            let _ = writeln!(s, "isb 'mode=busy {what}' -s {size} -n {count}{q}");
+            let _ = writeln!(s, "st {run} --busy-poll-us {BUSY_POLL_US}");
+        }
+    }
     s.push_str("echo '@@tools phase events'\n");
     for round in 1..=plan.event_rounds {
         let _ = writeln!(s, "echo '@@tools round={round}'");
@@ -110,51 +136,70 @@ pub(super) fn script(examples: &Path, plan: &Plan) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::bench_tools::{CHANNELS, DRAIN_ROUNDS, EVENT_LAYERS};
+    use crate::bench_tools::{CHANNELS, DRAIN_ROUNDS, EVENT_LAYERS, STREAMS};
 
     #[test]
     fn script_runs_every_driver_in_every_ping_pong_round() {
-        let plan = Plan {
-            cm_rounds: 1,
-            lat_rounds: 2,
-            iters: 300,
-            event_rounds: 1,
-        };
+        let plan = plan(2, 1);
         let s = script(Path::new("/x"), &plan);
         let pp: Vec<&str> = s.lines().filter(|l| l.starts_with("pp ")).collect();
-        assert_eq!(pp.len(), 24, "{s}");
+        assert_eq!(pp.len(), 20, "{s}");
         for (i, want) in [
             "pp --iters 300 --size 64",
-            "pp --iters 300 --size 64 --in-task",
-            "pp --iters 300 --size 64 --in-task --spawn",
+            "pp --iters 300 --size 64 --multi-thread",
+            "pp --iters 300 --size 64 --multi-thread --spawn",
             "pp --iters 300 --size 64 --layer core",
             "pp --iters 300 --size 64 --layer core --tokio",
-            "pp --iters 300 --size 64 --layer local",
             "pp --iters 300 --size 64 --busy-poll-us 1000",
-            "pp --iters 300 --size 64 --busy-poll-us 1000 --in-task",
-            "pp --iters 300 --size 64 --busy-poll-us 1000 --in-task --spawn",
+            "pp --iters 300 --size 64 --busy-poll-us 1000 --multi-thread",
+            "pp --iters 300 --size 64 --busy-poll-us 1000 --multi-thread --spawn",
             "pp --iters 300 --size 64 --busy-poll-us 1000 --layer core",
             "pp --iters 300 --size 64 --busy-poll-us 1000 --layer core --tokio",
-            "pp --iters 300 --size 64 --busy-poll-us 1000 --layer local",
         ]
         .iter()
         .enumerate()
         {
             assert_eq!(pp[i], *want);
-            assert_eq!(pp[i + 12], *want);
+            assert_eq!(pp[i + 10], *want);
         }
         assert_eq!(s.lines().filter(|l| l.starts_with("isl ")).count(), 4);
     }
 
+    fn plan(lat_rounds: u32, stream_rounds: u32) -> Plan {
+        Plan {
+            cm_rounds: 1,
+            lat_rounds,
+            iters: 300,
+            stream_rounds,
+            stream_scale: 2,
+            event_rounds: 2,
+        }
+    }
+
+    #[test]
+    fn script_runs_every_stream_after_its_baseline_in_every_round() {
+        let s = script(Path::new("/x"), &plan(1, 2));
+        let runs: Vec<&str> = s
+            .lines()
+            .filter(|l| l.starts_with("isb ") || l.starts_with("st "))
+            .collect();
+        assert_eq!(runs.len(), 2 * 4 * STREAMS.len(), "{s}");
+        assert_eq!(
+            &runs[..4],
+            [
+                "isb 'mode=event size=64 conns=1' -e -s 64 -n 10000",
+                "st --size 64 --count 10000 --conns 1",
+                "isb 'mode=busy size=64 conns=1' -s 64 -n 10000",
+                "st --size 64 --count 10000 --conns 1 --busy-poll-us 1000",
+            ]
+        );
+        assert!(runs.contains(&"isb 'mode=event size=64 conns=4' -e -s 64 -n 5000 -q 4"));
+        assert_eq!(runs[..16], runs[16..]);
+    }
+
     #[test]
     fn script_runs_every_event_layer_in_every_events_round() {
-        let plan = Plan {
-            cm_rounds: 1,
-            lat_rounds: 1,
-            iters: 300,
-            event_rounds: 2,
-        };
-        let s = script(Path::new("/x"), &plan);
+        let s = script(Path::new("/x"), &plan(1, 1));
         let runs: Vec<&str> = s.lines().filter(|l| l.contains("/tools_events ")).collect();
         assert_eq!(runs.len(), 2 * 4 * CHANNELS.len(), "{s}");
         for layer in EVENT_LAYERS {

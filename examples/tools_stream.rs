@@ -1,0 +1,204 @@
+//! One-way message throughput over the async `evchan` API, the counterpart of perftest's
+//! `ib_send_bw -R -s SIZE [-q CONNS]` in `cargo xtask bench --tools`.
+//!
+//! ```text
+//! tools_stream --serve IP:PORT [--conns K] [--size BYTES] [--count M] [--busy-poll-us N]
+//! tools_stream --connect IP:PORT [--conns K] [--size BYTES] [--count M] [--busy-poll-us N]
+//! ```
+//!
+//! Both sides run on a multi-thread tokio runtime of two workers (what `#[tokio::main]` makes
+//! on our 2-core machines) with a default [`Config`] (but for `max_message`, raised to the
+//! size), a task per connection. The client makes `--conns` connections (default 1), then each
+//! task sends `--count` messages of `--size` bytes (defaults 20,000 and 64) as fast as the
+//! peer's credits let it: the window is always full, as `ib_send_bw`'s is. The server's task
+//! receives and drops each message and, after the `--count`th, sends one byte back; the
+//! client's clock runs from its first send to the last connection's reply. Without
+//! `--busy-poll-us` a waiting `send` or `recv` sleeps on the connection's completion channel
+//! (event mode, as `ib_send_bw -R -e`); with it, it polls for that window first
+//! (`Config::busy_poll`; `ib_send_bw -R` polls always). The result line: `@tools stream
+//! mode=event|busy conns=K size=N msgs=TOTAL secs=S msgs_per_s=R mb_per_s=B` (MB = 2^20
+//! bytes, as perftest's `BW average[MB/sec]`).
+
+use std::net::SocketAddr;
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use evchan::{Config, Connection, Error, Listener};
+
+mod tools_support;
+use tools_support::{emit, fail};
+
+const PROGRAM: &str = "tools_stream";
+const USAGE: &str = "usage: tools_stream --serve IP:PORT | --connect IP:PORT [--conns K] \
+                     [--size BYTES] [--count M] [--busy-poll-us N]";
+
+struct Args {
+    serve: Option<SocketAddr>,
+    connect: Option<SocketAddr>,
+    conns: usize,
+    size: usize,
+    count: u64,
+    busy_poll: Option<Duration>,
+    depth: Option<u32>,
+}
+
+fn main() -> ExitCode {
+    let mut a = Args {
+        serve: None,
+        connect: None,
+        conns: 1,
+        size: 64,
+        count: 20_000,
+        busy_poll: None,
+        depth: None,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(flag) = it.next() {
+        let value = it
+            .next()
+            .unwrap_or_else(|| fail(PROGRAM, format!("{flag} needs a value\n{USAGE}")));
+        let bad =
+            |e: &dyn std::fmt::Display| -> ! { fail(PROGRAM, format!("{flag}: {e}\n{USAGE}")) };
+        let number = |v: &str| v.parse::<u64>().unwrap_or_else(|e| bad(&e)).max(1);
+        match flag.as_str() {
+            "--serve" => a.serve = Some(value.parse().unwrap_or_else(|e| bad(&e))),
+            "--connect" => a.connect = Some(value.parse().unwrap_or_else(|e| bad(&e))),
+            "--conns" => a.conns = number(&value) as usize,
+            "--size" => a.size = number(&value) as usize,
+            "--count" => a.count = number(&value),
+            "--depth" => a.depth = Some(u32::try_from(number(&value)).unwrap_or(u32::MAX)),
+            "--busy-poll-us" => a.busy_poll = Some(Duration::from_micros(number(&value))),
+            _ => fail(PROGRAM, format!("unknown argument `{flag}`\n{USAGE}")),
+        }
+    }
+    if !tools_support::device_present(PROGRAM) {
+        return ExitCode::SUCCESS;
+    }
+    let max = u32::try_from(a.size).unwrap_or_else(|_| fail(PROGRAM, "--size: too large"));
+    let config = Config::new()
+        .max_message(max.max(64))
+        .busy_poll(a.busy_poll);
+    let config = match a.depth {
+        Some(d) => config.recv_depth(d).send_depth(d),
+        None => config,
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap_or_else(|e| fail(PROGRAM, format!("tokio: {e}")));
+    let result = match (a.serve, a.connect) {
+        (Some(addr), None) => rt.block_on(serve(addr, config, &a)),
+        (None, Some(addr)) => rt.block_on(client(addr, config, &a)),
+        _ => fail(PROGRAM, USAGE),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => fail(PROGRAM, e),
+    }
+}
+
+/// Accepts `--conns` connections; each task receives `--count` messages, checks their size,
+/// replies with one byte, then waits for the peer's close.
+async fn serve(addr: SocketAddr, config: Config, a: &Args) -> Result<(), Error> {
+    let listener = Listener::bind(addr, config).await?;
+    let mut tasks = Vec::new();
+    for _ in 0..a.conns {
+        let mut conn = listener.accept().await?.accept(&[]).await?;
+        let (count, size) = (a.count, a.size);
+        tasks.push(tokio::spawn(async move {
+            for i in 0..count {
+                match conn.recv().await? {
+                    Some(m) if m.len() == size => {}
+                    Some(m) => fail(PROGRAM, format!("message {i}: {} bytes", m.len())),
+                    None => return Err(Error::PeerClosed),
+                }
+            }
+            conn.send(Bytes::from_static(b"!")).await?;
+            while conn.recv().await?.is_some() {}
+            conn.close().await
+        }));
+    }
+    for t in tasks {
+        t.await
+            .unwrap_or_else(|e| fail(PROGRAM, format!("a task failed: {e}")))?;
+    }
+    Ok(())
+}
+
+/// Connects `--conns` times (again while nobody listens yet), then times the tasks' sends up to
+/// the last reply.
+async fn client(addr: SocketAddr, config: Config, a: &Args) -> Result<(), Error> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut conns = Vec::new();
+    while conns.len() < a.conns {
+        match Connection::builder()
+            .config(config.clone())
+            .connect(addr)
+            .await
+        {
+            Ok(c) => conns.push(c),
+            Err(Error::Rejected { reason, .. }) if reason.0 == 8 && Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    let msg = Bytes::from(vec![0x5au8; a.size]);
+    let start = Instant::now();
+    let tasks: Vec<_> = conns
+        .into_iter()
+        .map(|mut conn| {
+            let (msg, count) = (msg.clone(), a.count);
+            tokio::spawn(async move {
+                for _ in 0..count {
+                    conn.send(msg.clone()).await?;
+                }
+                match conn.recv().await? {
+                    Some(reply) if reply[..] == b"!"[..] => {}
+                    _ => return Err(Error::PeerClosed),
+                }
+                let took = start.elapsed();
+                conn.close().await?;
+                Ok::<_, Error>(took)
+            })
+        })
+        .collect();
+    let mut took = Duration::ZERO;
+    for t in tasks {
+        let t = t
+            .await
+            .unwrap_or_else(|e| fail(PROGRAM, format!("a task failed: {e}")))?;
+        took = took.max(t);
+    }
+    let msgs = a.count * a.conns as u64;
+    let secs = took.as_secs_f64();
+    emit(
+        "stream",
+        &[
+            (
+                "mode",
+                if a.busy_poll.is_some() {
+                    "busy"
+                } else {
+                    "event"
+                }
+                .into(),
+            ),
+            ("conns", a.conns.to_string()),
+            ("size", a.size.to_string()),
+            ("msgs", msgs.to_string()),
+            ("secs", format!("{secs:.4}")),
+            ("msgs_per_s", format!("{:.0}", msgs as f64 / secs)),
+            (
+                "mb_per_s",
+                format!(
+                    "{:.2}",
+                    (msgs * a.size as u64) as f64 / secs / f64::from(1 << 20)
+                ),
+            ),
+        ],
+    );
+    Ok(())
+}
