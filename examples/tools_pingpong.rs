@@ -8,8 +8,6 @@
 //!                [--multi-thread] [--spawn]
 //! tools_pingpong --layer core --serve IP:PORT | --connect IP:PORT [--iters N] [--size BYTES]
 //!                [--busy-poll-us N] [--warmup N] [--tokio]
-//! tools_pingpong --layer local --serve IP:PORT | --connect IP:PORT [--iters N] [--size BYTES]
-//!                [--busy-poll-us N] [--warmup N]
 //! ```
 //!
 //! The server accepts one connection, sends every message back until the peer closes, and exits.
@@ -27,16 +25,13 @@
 //! stats=...` says which. `--layer core` runs the same ping-pong through `evchan-core` alone, one thread
 //! per side and no runtime (`tools_pingpong_core`; `driver=core`; busy-poll with any
 //! `--busy-poll-us`); with `--tokio` the same through a current-thread tokio runtime per side,
-//! whose waits are tokio's (`driver=core-tokio`: the reach of an async API without a shard).
-//! `--layer local` runs it through the async API's `evchan::local` on both sides: the
-//! connection's objects are locals of the side's future in `block_on`, and `send`/`recv` post
-//! and reap from that task, no shard (`driver=local`).
+//! whose waits are tokio's (`driver=core-tokio`: the reach of an async API).
 
 use std::net::SocketAddr;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-use evchan::{local, Config, Connection, Error, Listener};
+use evchan::{Config, Connection, Error, Listener};
 
 mod tools_pingpong_core;
 mod tools_support;
@@ -45,7 +40,7 @@ use tools_support::{emit, fail, us, Stats};
 pub(crate) const PROGRAM: &str = "tools_pingpong";
 const USAGE: &str = "usage: tools_pingpong --serve IP:PORT | --connect IP:PORT [--iters N] \
                      [--size BYTES] [--busy-poll-us N] [--warmup N] [--multi-thread] [--spawn] \
-                     [--layer async|core|local] [--tokio]";
+                     [--layer async|core] [--tokio]";
 
 #[derive(Clone)]
 struct Args {
@@ -58,7 +53,6 @@ struct Args {
     multi_thread: bool,
     spawn: bool,
     core: bool,
-    local: bool,
     tokio: bool,
 }
 
@@ -73,7 +67,6 @@ fn main() -> ExitCode {
         multi_thread: false,
         spawn: false,
         core: false,
-        local: false,
         tokio: false,
     };
     let mut it = std::env::args().skip(1);
@@ -107,10 +100,9 @@ fn main() -> ExitCode {
             "--size" => a.size = number(&value).max(1),
             "--warmup" => a.warmup = number(&value),
             "--layer" => match value.as_str() {
-                "async" => (a.core, a.local) = (false, false),
-                "core" => (a.core, a.local) = (true, false),
-                "local" => (a.core, a.local) = (false, true),
-                _ => bad(&"async, core or local"),
+                "async" => a.core = false,
+                "core" => a.core = true,
+                _ => bad(&"async or core"),
             },
             "--busy-poll-us" => {
                 a.busy_poll = Some(Duration::from_micros(number(&value) as u64));
@@ -142,15 +134,7 @@ fn main() -> ExitCode {
             .build()
     }
     .unwrap_or_else(|e| fail(PROGRAM, format!("tokio: {e}")));
-    if a.local && (a.multi_thread || a.spawn) {
-        fail(
-            PROGRAM,
-            format!("--multi-thread and --spawn are not for --layer local\n{USAGE}"),
-        );
-    }
     let result = match (a.serve, a.connect, a.spawn) {
-        (Some(addr), None, _) if a.local => rt.block_on(local_serve(addr, config)),
-        (None, Some(addr), _) if a.local => rt.block_on(local_client(addr, config, &a)),
         (Some(addr), None, false) => rt.block_on(serve(addr, config)),
         (None, Some(addr), false) => rt.block_on(client(addr, config, &a)),
         (Some(addr), None, true) => rt.block_on(spawned(serve(addr, config))),
@@ -227,67 +211,25 @@ async fn client(addr: SocketAddr, config: Config, a: &Args) -> Result<(), Error>
     Ok(())
 }
 
-/// A connection of the async API, as the client's loop uses it.
-trait RoundTrip {
-    /// What a message is sent from, made before the clock starts.
-    type Out;
-    fn prepare(msg: &[u8]) -> Self::Out;
-    /// What the echo comes as, checked (and dropped) after the clock stops.
-    type Back;
-    fn same(back: &Self::Back, msg: &[u8]) -> bool;
-    /// Sends `out` (a copy of `msg`), then receives the next message; `None` once the peer
-    /// closed.
-    async fn send_recv(&mut self, out: Self::Out, msg: &[u8]) -> Result<Option<Self::Back>, Error>;
-}
-
-/// `Connection`: the message is copied into the `Vec` it sends before the clock
-/// starts, as a user's would be; its echo comes as a `Bytes`.
-impl RoundTrip for Connection {
-    type Out = Vec<u8>;
-    fn prepare(msg: &[u8]) -> Vec<u8> {
-        bytes_of(msg)
-    }
-    type Back = bytes::Bytes;
-    fn same(back: &bytes::Bytes, msg: &[u8]) -> bool {
-        back[..] == *msg
-    }
-    async fn send_recv(&mut self, out: Vec<u8>, _: &[u8]) -> Result<Option<bytes::Bytes>, Error> {
-        self.send(out).await?;
-        self.recv().await
-    }
-}
-
-/// `evchan::local`: the message is sent from the caller's buffer (`send` takes a slice) and
-/// its echo checked where it lies (`recv_with`), so nothing is allocated per message.
-impl RoundTrip for local::LocalConnection<'_> {
-    type Out = ();
-    fn prepare(_: &[u8]) {}
-    type Back = bool;
-    fn same(back: &bool, _: &[u8]) -> bool {
-        *back
-    }
-    async fn send_recv(&mut self, (): (), msg: &[u8]) -> Result<Option<bool>, Error> {
-        self.send(msg).await?;
-        self.recv_with(|back| back == msg).await
-    }
-}
-
 /// `--warmup` untimed and `--iters` timed round trips of `--size` bytes on `conn` (the
 /// message's send, then the receive of its echo, checked); the timed ones in µs.
-async fn round_trips<C: RoundTrip>(a: &Args, conn: &mut C) -> Result<Vec<f64>, Error> {
+/// The message is copied into the `Vec` it sends before the clock starts, as a user's would
+/// be; its echo comes as a `Bytes`, checked after the clock stops.
+async fn round_trips(a: &Args, conn: &mut Connection) -> Result<Vec<f64>, Error> {
     let mut msg = vec![0x5au8; a.size];
     let mut rtt = Vec::with_capacity(a.iters);
     for i in 0..a.warmup + a.iters {
         let seq = (i as u64).to_be_bytes();
         let k = a.size.min(seq.len());
         msg[..k].copy_from_slice(&seq[..k]);
-        let out = C::prepare(&msg);
+        let out = msg.clone();
         let t = Instant::now();
-        let Some(back) = conn.send_recv(out, &msg).await? else {
+        conn.send(out).await?;
+        let Some(back) = conn.recv().await? else {
             return Err(Error::PeerClosed);
         };
         let took = t.elapsed();
-        if !C::same(&back, &msg) {
+        if back[..] != msg[..] {
             fail(PROGRAM, format!("the echo of message {i} differs"));
         }
         if i >= a.warmup {
@@ -295,46 +237,6 @@ async fn round_trips<C: RoundTrip>(a: &Args, conn: &mut C) -> Result<Vec<f64>, E
         }
     }
     Ok(rtt)
-}
-
-/// `--layer local`: echoes one connection's messages until the peer closes (each received
-/// where it lies, `recv_with`, into one reused buffer, sent from there).
-async fn local_serve(addr: SocketAddr, config: Config) -> Result<(), Error> {
-    local::listen(addr, config, async |l| {
-        l.accept(&[], async |conn| {
-            let mut buf = Vec::new();
-            while let Some(()) = conn
-                .recv_with(|msg| {
-                    buf.clear();
-                    buf.extend_from_slice(msg);
-                })
-                .await?
-            {
-                conn.send(&buf).await?;
-            }
-            Ok(())
-        })
-        .await?
-    })
-    .await?
-}
-
-/// `--layer local`: the client's round trips (connecting again while nobody listens yet).
-async fn local_client(addr: SocketAddr, config: Config, a: &Args) -> Result<(), Error> {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let rtt = loop {
-        let run = local::connect(addr, config.clone(), &[], async |conn| {
-            round_trips(a, conn).await
-        });
-        match run.await {
-            Err(Error::Rejected { reason, .. }) if reason.0 == 8 && Instant::now() < deadline => {
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-            r => break r??,
-        }
-    };
-    report(a, "local", None, &rtt);
-    Ok(())
 }
 
 /// The result line: `@tools pingpong mode=… driver=… [app=…] size=… stats=…`.
@@ -350,9 +252,4 @@ fn report(a: &Args, driver: &str, app: Option<&str>, rtt: &[f64]) {
     fields.push(("size", a.size.to_string()));
     fields.push(("stats", stats.fields().replace(' ', ",")));
     emit("pingpong", &fields);
-}
-
-/// The message as the `Bytes` `send` takes (one copy, as a user's `Vec` would make).
-fn bytes_of(msg: &[u8]) -> Vec<u8> {
-    msg.to_vec()
 }

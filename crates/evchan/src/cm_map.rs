@@ -1,6 +1,5 @@
-//! What the shard and [`local`](crate::local) share of a connection's setup: the connection
-//! parameters, the slot and queue sizes a [`Config`] gives, and rdma_cm's failure events as
-//! this crate's [`Error`]s.
+//! A connection's setup as the shards make it: the connection parameters, the slot and queue
+//! sizes a [`Config`] gives, and rdma_cm's failure events as this crate's [`Error`]s.
 
 use std::io;
 

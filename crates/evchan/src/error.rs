@@ -57,11 +57,9 @@ pub enum Lost {
     /// This side closed the connection.
     #[error("the connection was closed")]
     Closed,
-    /// The tokio runtime that drove the connection ([`Config::in_task`]) shut down: its shard
-    /// was dropped with it, and everything of the connection was released.
-    ///
-    /// [`Config::in_task`]: crate::Config::in_task
-    #[error("the tokio runtime driving the connection shut down")]
+    /// The background shard that drove the connection's control path stopped on an error
+    /// (its thread failed): everything of the connection was released.
+    #[error("the shard driving the connection shut down")]
     Shutdown,
 }
 

@@ -33,17 +33,18 @@
 //! - Credit flow control ([`proto`]): a sender never overruns the receives its peer posted,
 //!   however slow the reader; `send` waits instead.
 //! - [`Stream`]: the byte-stream view (`AsyncRead` + `AsyncWrite`).
-//! - Every handle is `Send + 'static`. Behind them, shard threads own the event channels,
-//!   completion channels, ids, QPs and memory regions (see the `runtime` module's docs); on
-//!   every wake-up they read until `EAGAIN` before they clear readiness, dispatch events by id,
-//!   and arm the CQ before the last poll.
+//! - Every handle is `Send + 'static`, splittable ([`Connection::split`]) and movable between
+//!   tasks and runtimes. A connection's messages are posted and reaped in the task that calls
+//!   `send` or `recv`: no hand-off to another task or thread. Each connection has its own
+//!   completion queue and completion channel; `recv` polls the queue and, when it is empty,
+//!   arms it and waits on the channel through tokio's reactor (or spins within
+//!   [`Config::busy_poll`]'s window first). The QP, CQ and memory are evchan-core's owned
+//!   style (`evchan_core::verbs::owned`): reference counted, the QP revocable.
+//! - The rdma_cm control path (connect, accept, disconnect, device removal, keepalive timers)
+//!   runs on background shard threads (see the `runtime` module's docs): on every wake-up they
+//!   read until `EAGAIN` before they clear readiness and dispatch events by id.
 //! - A peer that is a plain librdmacm program (no evchan handshake in its private data) works
 //!   too, without flow control of ours (its sends are retried on RNR as C programs' are).
-//! - [`local`]: the same protocol without a shard, for a connection that lives in one future
-//!   (`local::connect(addr, config, private_data, async |conn| …)`, `local::listen`): `send`
-//!   posts from the caller's task and `recv` polls the connection's own CQ, which removes the
-//!   hand-off between tasks from every message; the connection cannot leave its closure (see
-//!   the module's trade-offs).
 //!
 //! Nothing is logged by default; lifecycle events are `tracing` debug events.
 #![forbid(unsafe_code)]
@@ -54,7 +55,6 @@ mod config;
 mod connection;
 mod error;
 mod listener;
-pub mod local;
 pub mod proto;
 mod runtime;
 mod stream;

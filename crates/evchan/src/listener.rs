@@ -96,8 +96,8 @@ impl Listener {
     ///
     /// # Errors
     /// [`Error::ConnectionLost`] once the listening id is gone: its device was removed
-    /// ([`Lost::DeviceRemoved`](crate::Lost::DeviceRemoved)), or the tokio runtime of its
-    /// in-task shard shut down ([`Lost::Shutdown`](crate::Lost::Shutdown)).
+    /// ([`Lost::DeviceRemoved`](crate::Lost::DeviceRemoved)), or its shard stopped on an error
+    /// ([`Lost::Shutdown`](crate::Lost::Shutdown)).
     pub async fn accept(&self) -> Result<Incoming> {
         self.queue
             .lock()

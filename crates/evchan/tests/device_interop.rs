@@ -11,9 +11,6 @@
 //! must see a plain librdmacm peer (`is_evchan_peer() == false`) and still exchange raw
 //! messages with it; the tool's disconnect must end our receive side cleanly (`None`).
 //!
-//! `evchan::local` (a connection scoped to one future, no shard) is checked against both tools
-//! the same way, over IPv4.
-//!
 //! Every tool runs under a deadline and is killed if it outlives the test.
 #![forbid(unsafe_code)]
 
@@ -22,7 +19,7 @@ mod support;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use evchan::{local, Config, Connection, Error, Listener, Lost};
+use evchan::{Config, Connection, Error, Listener};
 use support::tool::{Output, Tool};
 use support::{port, step, v4, v6, STEP};
 
@@ -225,87 +222,4 @@ async fn both_directions_at_once() {
     let b = tokio::spawn(our_client_against_rdma_server(v6(port(6))));
     step("rdma_client side", a).await.unwrap();
     step("rdma_server side", b).await.unwrap();
-}
-
-/// A local listener serves one unmodified `rdma_client`: the request's missing handshake makes
-/// it a plain peer; its 16 bytes are echoed; its disconnect ends `recv` with `None`, and a send
-/// after that fails; the client exits 0.
-#[tokio::test(flavor = "current_thread")]
-async fn rdma_client_against_a_local_listener() {
-    require_device!();
-    let tool = require_tool!("rdma_client", "rdmacm-utils");
-    let addr = v4(port(7));
-    let (after_end, client) = step(
-        "local listener",
-        local::listen(addr, Config::new(), async |l| {
-            let client = Tool::spawn(
-                &tool,
-                &["-s", &tool_addr(addr), "-p", &addr.port().to_string()],
-            );
-            let after_end = l
-                .accept(b"", async |conn| {
-                    assert!(
-                        !conn.is_evchan_peer(),
-                        "rdma_client taken for an evchan peer"
-                    );
-                    assert!(conn.peer_private_data().iter().all(|&b| b == 0));
-                    let msg = conn.recv().await?.expect("rdma_client's message");
-                    assert_eq!(&msg[..], &[0u8; EXAMPLE_MSG][..], "its 16 zero bytes");
-                    conn.send(&msg).await?;
-                    assert_eq!(conn.recv().await?, None, "its disconnect ends the stream");
-                    Ok::<_, Error>(conn.send(&[1u8; EXAMPLE_MSG]).await)
-                })
-                .await;
-            (after_end, client)
-        }),
-    )
-    .await
-    .unwrap();
-    let after_end = after_end.unwrap().unwrap();
-    assert!(
-        matches!(after_end, Err(Error::ConnectionLost(Lost::Disconnected))),
-        "a send after rdma_client's disconnect: {after_end:?}"
-    );
-    let out = tokio::task::spawn_blocking(move || client.wait(TOOL_DEADLINE))
-        .await
-        .unwrap();
-    assert_clean(&out, "rdma_client");
-}
-
-/// A local connection against one unmodified `rdma_server`: connect (again while it does not
-/// listen yet), a plain peer; send 16 bytes, receive its 16 zero bytes, then its disconnect
-/// ends `recv` with `None`; the server exits 0.
-#[tokio::test(flavor = "current_thread")]
-async fn a_local_client_against_rdma_server() {
-    require_device!();
-    let tool = require_tool!("rdma_server", "rdmacm-utils");
-    let addr = v4(port(8));
-    let mut server = Tool::spawn(
-        &tool,
-        &["-s", &tool_addr(addr), "-p", &addr.port().to_string()],
-    );
-    let (reply, end) = while_not_listening(&mut server, || {
-        local::connect(addr, Config::new(), b"", async |conn| {
-            assert!(
-                !conn.is_evchan_peer(),
-                "rdma_server taken for an evchan peer"
-            );
-            conn.send(b"evchan to server").await?;
-            let reply = conn.recv().await?.expect("rdma_server's reply");
-            Ok::<_, Error>((reply, conn.recv().await?))
-        })
-    })
-    .await
-    .unwrap()
-    .unwrap();
-    assert_eq!(
-        &reply[..],
-        &[0u8; EXAMPLE_MSG][..],
-        "rdma_server's 16 zero bytes"
-    );
-    assert_eq!(end, None, "its disconnect ends the stream");
-    let out = tokio::task::spawn_blocking(move || server.wait(TOOL_DEADLINE))
-        .await
-        .unwrap();
-    assert_clean(&out, "rdma_server");
 }

@@ -23,12 +23,8 @@
 //! above); it completes once the process has exited. The test asserts both, so that a
 //! librdmacm that changes this is noticed.
 //!
-//! `device_removed_under_local_connections`: `evchan::local` alone, as the first test sets it
-//! up: a local listener and a local connection to it, both `recv`s pending, fail with the
-//! removal, the listener's next `accept` too; `rdma link delete` completes; nothing is left.
-//!
 //! The parent restores `rxe0` whatever happens (like evchan-core's `device_removal` test). The
-//! four tests take turns (they take the device away); this binary holds nothing else.
+//! tests take turns (they take the device away); this binary holds nothing else.
 #![forbid(unsafe_code)]
 
 mod support;
@@ -39,7 +35,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use evchan::{local, Config, Connection, Error, Listener, Lost};
+use evchan::{Config, Connection, Error, Listener, Lost};
 use support::{port, step, tool, user_rdma_resources, v4, wait_runtime_gone};
 
 const DEVICE: &str = "rxe0";
@@ -135,11 +131,6 @@ fn have_rxe0() -> bool {
 #[test]
 fn device_removed_under_live_connections() {
     with_spare_in_child("device_removed_under_live_connections", child);
-}
-
-#[test]
-fn device_removed_under_local_connections() {
-    with_spare_in_child("device_removed_under_local_connections", local_child);
 }
 
 /// A test whose device work (`work`) runs in a child process while `rxe1` exists beside
@@ -307,84 +298,6 @@ async fn last_device_child() {
          blocked {:?} after it started, as librdmacm keeps the context",
         start.elapsed()
     );
-}
-
-/// `evchan::local` alone (no runtime of the async API in the process): a local listener and a
-/// local connection to it, each side's `recv` pending. The removal ends both with
-/// `DeviceRemoved`, and the listener's next `accept` too, as does the pending `accept` of a
-/// second local listener that never had a connection; `rdma link delete` completes (the
-/// futures let librdmacm close the device before they return), and nothing is left.
-async fn local_child() {
-    assert!(
-        exists(DEVICE) && exists(SPARE),
-        "the parent sets up both devices"
-    );
-    assert_nothing_left(0, "before the test");
-    let addr = v4(port(9));
-    let connected = std::cell::Cell::new(0u32);
-    let server = local::listen(addr, Config::new(), async |l| {
-        let first = l
-            .accept(b"", async |c| {
-                connected.set(connected.get() + 1);
-                c.recv().await.map(|_| ())
-            })
-            .await;
-        (first, l.accept(b"", async |_| ()).await)
-    });
-    let client = async {
-        loop {
-            let r = local::connect(addr, Config::new(), b"", async |c| {
-                connected.set(connected.get() + 1);
-                c.recv().await.map(|_| ())
-            })
-            .await;
-            match r {
-                Err(Error::Rejected { reason, .. }) if reason.0 == 8 => {
-                    tokio::time::sleep(Duration::from_millis(20)).await;
-                }
-                r => break r,
-            }
-        }
-    };
-    // A second local listener with an accept pending and no connection ever: only its watch of
-    // the devices' verbs nodes can end that accept.
-    let lonely = local::listen(v4(port(10)), Config::new(), async |l| {
-        l.accept(b"", async |_| ()).await
-    });
-    let remove = async {
-        while connected.get() < 2 {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        let start = Instant::now();
-        let (status, done) = tokio::task::spawn_blocking(delete_rxe0).await.unwrap();
-        (status, done - start)
-    };
-    let (served, connection, lonely, (status, took)) = step("local removal", async {
-        tokio::join!(server, client, lonely, remove)
-    })
-    .await;
-    let lonely = lonely.unwrap();
-    assert!(removed(&lonely), "the lonely listener's accept: {lonely:?}");
-    let (first, again) = served.unwrap();
-    assert!(
-        matches!(first, Ok(Err(Error::ConnectionLost(Lost::DeviceRemoved)))),
-        "the local server's recv: {first:?}"
-    );
-    assert!(removed(&again), "accept after the removal: {again:?}");
-    assert!(
-        matches!(
-            connection,
-            Ok(Err(Error::ConnectionLost(Lost::DeviceRemoved)))
-        ),
-        "the local client's recv: {connection:?}"
-    );
-    assert!(status.success(), "rdma link delete {DEVICE}: {status}");
-    assert!(!exists(DEVICE));
-    eprintln!("rdma link delete {DEVICE} under two local connections completed after {took:?}");
-    tokio::task::spawn_blocking(|| assert_nothing_left(0, "after the removal"))
-        .await
-        .unwrap();
 }
 
 /// User-space entries of `rdma resource show KIND` for each kind that has any.
