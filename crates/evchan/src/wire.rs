@@ -20,7 +20,7 @@
 //! ended, after the messages received before.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::task::{Context, Poll, Wake, Waker};
 use std::time::{Duration, Instant};
@@ -124,11 +124,16 @@ enum Stop {
 /// The wakers of the tasks waiting on a connection, and the one waker the CQ's readiness is
 /// polled with, which wakes them all (tokio keeps one waker per registration).
 #[derive(Debug, Default)]
-struct Wakers(Mutex<[Option<Waker>; 3]>);
+struct Wakers {
+    slots: Mutex<[Option<Waker>; 3]>,
+    /// Which slots hold a waker (bit `1 << who`), changed under `slots`' lock: a wake of
+    /// slots that hold none takes no lock.
+    held: AtomicU8,
+}
 
 impl Wakers {
     fn lock(&self) -> MutexGuard<'_, [Option<Waker>; 3]> {
-        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+        self.slots.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     fn set(&self, who: usize, waker: &Waker) {
@@ -136,15 +141,17 @@ impl Wakers {
         if !all[who].as_ref().is_some_and(|w| w.will_wake(waker)) {
             all[who] = Some(waker.clone());
         }
+        self.held.fetch_or(1 << who, Ordering::SeqCst);
     }
 
     /// Wakes the waiters of `mask` (bits `1 << who`), outside the lock.
     fn wake_some(&self, mask: u8) {
-        if mask == 0 {
+        if mask & self.held.load(Ordering::SeqCst) == 0 {
             return;
         }
         let taken: [Option<Waker>; 3] = {
             let mut all = self.lock();
+            self.held.fetch_and(!mask, Ordering::SeqCst);
             std::array::from_fn(|k| {
                 if mask & (1 << k) != 0 {
                     all[k].take()
