@@ -213,8 +213,8 @@ async fn client(addr: SocketAddr, config: Config, a: &Args) -> Result<(), Error>
 
 /// `--warmup` untimed and `--iters` timed round trips of `--size` bytes on `conn` (the
 /// message's send, then the receive of its echo, checked); the timed ones in µs.
-/// The message is copied into the `Vec` it sends before the clock starts, as a user's would
-/// be; its echo comes as a `Bytes`, checked after the clock stops.
+/// The message is sent from the caller's buffer (`send` copies it into a registered slot);
+/// its echo comes as a `Bytes`, checked after the clock stops.
 async fn round_trips(a: &Args, conn: &mut Connection) -> Result<Vec<f64>, Error> {
     let mut msg = vec![0x5au8; a.size];
     let mut rtt = Vec::with_capacity(a.iters);
@@ -222,9 +222,8 @@ async fn round_trips(a: &Args, conn: &mut Connection) -> Result<Vec<f64>, Error>
         let seq = (i as u64).to_be_bytes();
         let k = a.size.min(seq.len());
         msg[..k].copy_from_slice(&seq[..k]);
-        let out = msg.clone();
         let t = Instant::now();
-        conn.send(out).await?;
+        conn.send(&msg).await?;
         let Some(back) = conn.recv().await? else {
             return Err(Error::PeerClosed);
         };

@@ -228,7 +228,7 @@ impl Connection {
     ///
     /// # Errors
     /// As [`SendHalf::send`].
-    pub async fn send(&self, data: impl Into<Bytes>) -> Result<()> {
+    pub async fn send(&self, data: impl AsRef<[u8]>) -> Result<()> {
         self.send.send(data).await
     }
 
@@ -330,9 +330,10 @@ impl Connection {
 impl SendHalf {
     /// Sends one message: copies it into a registered send slot and posts it, from the
     /// calling task, once a send slot is free and (toward an evchan peer) the peer has granted
-    /// a credit; waits until then. Messages arrive in order. Returns once the message is
-    /// posted (the `Bytes` are dropped then); [`Connection::close`] says whether everything
-    /// posted was delivered.
+    /// a credit; waits until then. `data` is anything that reads as bytes (`&[u8]`, `&str`,
+    /// `Vec<u8>`, `Bytes`, …): since it is copied, a borrowed buffer costs no allocation.
+    /// Messages arrive in order. Returns once the message is posted (`data` is dropped then);
+    /// [`Connection::close`] says whether everything posted was delivered.
     ///
     /// Cancel safety: cancel-safe. If the future is dropped before it completes, the message
     /// was not posted and will not be sent; once it completes, it is posted.
@@ -342,8 +343,8 @@ impl SendHalf {
     /// disconnected cleanly, [`Error::ConnectionLost`] (with [`Lost::Closed`] after
     /// [`shutdown`](Self::shutdown)), [`Error::Config`] on a tokio runtime without its I/O
     /// driver (the message was not sent).
-    pub async fn send(&self, data: impl Into<Bytes>) -> Result<()> {
-        let data = data.into();
+    pub async fn send(&self, data: impl AsRef<[u8]>) -> Result<()> {
+        let data = data.as_ref();
         if data.len() > self.max_send {
             return Err(Error::MessageTooLarge {
                 len: data.len(),
@@ -353,7 +354,7 @@ impl SendHalf {
         if self.shut {
             return Err(Error::ConnectionLost(Lost::Closed));
         }
-        poll_fn(|cx| self.wire.poll_send(cx, &data)).await
+        poll_fn(|cx| self.wire.poll_send(cx, data)).await
     }
 
     /// Sends the close message after everything sent: the peer's `recv` returns `None` once it
