@@ -39,6 +39,9 @@ const RECVS: usize = 8;
 /// Send slots: one in flight, its completion reaped before or after the echo.
 const SENDS: usize = 4;
 const TIMEOUT: Duration = Duration::from_secs(5);
+/// How long the server waits for its client's request (a client under valgrind takes seconds
+/// to start, in the VM).
+const ACCEPT_TIMEOUT: Duration = Duration::from_secs(60);
 /// With `--tokio`, busy-poll yields to the runtime after this many empty polls.
 const SPINS_PER_YIELD: u32 = 64;
 
@@ -51,10 +54,15 @@ pub enum Wait {
 
 /// The next event on `ch`, checked to be `kind`.
 fn expect(ch: &EventChannel, kind: EventKind) -> CmEvent<'_> {
+    expect_within(ch, kind, TIMEOUT)
+}
+
+/// The next event on `ch` within `timeout`, checked to be `kind`.
+fn expect_within(ch: &EventChannel, kind: EventKind, timeout: Duration) -> CmEvent<'_> {
     let ev = ch
-        .get_event_timeout(TIMEOUT)
+        .get_event_timeout(timeout)
         .unwrap_or_else(|e| fail(PROGRAM, format!("rdma_get_cm_event: {e}")))
-        .unwrap_or_else(|| fail(PROGRAM, format!("no {kind} within {TIMEOUT:?}")));
+        .unwrap_or_else(|| fail(PROGRAM, format!("no {kind} within {timeout:?}")));
     if ev.kind() != kind {
         fail(PROGRAM, format!("expected {kind}, got {ev:?}"));
     }
@@ -239,7 +247,7 @@ pub fn serve(addr: SocketAddr, size: usize, wait: Wait, tokio: bool) {
         check(listener.bind(addr), "rdma_bind_addr").listen(8),
         "rdma_listen",
     );
-    let mut req = expect(&ch, EventKind::ConnectRequest);
+    let mut req = expect_within(&ch, EventKind::ConnectRequest, ACCEPT_TIMEOUT);
     let id = req.take_request().expect("a request's id");
     req.ack();
     with_qp(id, size, wait, tokio, |id, mut side, mr| {

@@ -18,6 +18,9 @@
 //!   runtime per side (`core-tokio`, `--layer core --tokio`); `ib_send_lat` reports half a
 //!   round trip (`t_typical` is the median of the time between two posts of the client,
 //!   divided by 2; `99% percentile` likewise), so its figures are doubled here;
+//! - user-space instructions per round trip of the event-mode ping-pong (callgrind, the
+//!   client's; the difference between 1,300 and 300 round trips ÷ 1,000): `current`,
+//!   `multi-spawn` and `core-tokio`, the target's ratio `Connection` ÷ `core-tokio`;
 //! - one-way throughput, the window full: `ib_send_bw -R [-e] -s SIZE [-q 4]` against
 //!   `tools_stream` (a task per connection on a 2-worker runtime, default `Config`), 64 B,
 //!   4 KiB and 64 KiB messages over one connection and 64 B over four, in event mode (`-e`)
@@ -94,6 +97,12 @@ const DRIVERS: &[(&str, &str, &str)] = &[
         "core layer, tokio waits",
     ),
 ];
+/// The ping-pong drivers whose client runs under callgrind too.
+const CG_DRIVERS: &[&str] = &["current", "multi-spawn", "core-tokio"];
+/// The short and the long callgrind run's round trips (after [`CG_WARMUP`] untimed ones):
+/// their difference ÷ 1000 is the instructions per round trip.
+const CG_ITERS: [u32; 2] = [300, 1300];
+const CG_WARMUP: u32 = 50;
 /// The throughput runs: (message size, messages per connection, connections).
 const STREAMS: &[(u32, u32, u32)] = &[
     (64, 20_000, 1),

@@ -27,6 +27,8 @@ pub(super) struct Results {
     /// (mode, size, connections, "tool"|"ours") → (messages/s, MB/s) of each round:
     /// `ib_send_bw`'s, or `tools_stream`'s.
     pub(super) bw: BTreeMap<StreamKey, Rounds<(f64, f64)>>,
+    /// The ping-pong client's `tools_pingpong` flags → (round trips, callgrind's total).
+    pub(super) cg: BTreeMap<String, BTreeMap<u32, u64>>,
     /// (layer, channels) → events/s of each round.
     pub(super) events: BTreeMap<(String, u32), Rounds>,
     /// (layer) → the events counted in each run (`spin`: its units of work).
@@ -102,6 +104,21 @@ impl Results {
             }
         } else if let Some(rest) = line.strip_prefix("@@tools isl mode=") {
             self.isl_mode = Some(rest.to_owned());
+        } else if let Some(rest) = line.strip_prefix("@@tools cg ") {
+            let (head, flags) = rest.split_once("flags=").unwrap_or((rest, ""));
+            let f = fields(head);
+            match (
+                f.get("iters").and_then(|v| v.parse().ok()),
+                f.get("total").and_then(|v| v.parse().ok()),
+            ) {
+                (Some(n), Some(t)) => {
+                    self.cg
+                        .entry(flags.trim().to_owned())
+                        .or_default()
+                        .insert(n, t);
+                }
+                _ => self.failures.push(format!("no callgrind total: {line}")),
+            }
         } else if let Some(rest) = line.strip_prefix("@@tools isb ") {
             self.isb_run = stream_key(&fields(rest));
             if self.isb_run.is_none() {
@@ -384,6 +401,33 @@ mod tests {
         ] {
             assert!(s.contains(want), "{want}\n{s}");
         }
+    }
+
+    #[test]
+    fn instructions_per_round_trip_from_two_callgrind_runs() {
+        let mut r = Results::default();
+        for line in [
+            "@@tools cg iters=300 total=3000000 flags=",
+            "@@tools cg iters=1300 total=6000000 flags=",
+            "@@tools cg iters=300 total=40000000 flags=--layer core --tokio",
+            "@@tools cg iters=1300 total=42000000 flags=--layer core --tokio",
+            "@@tools cg iters=300 total= flags=--multi-thread --spawn",
+        ] {
+            r.add_line(line);
+        }
+        assert_eq!(r.failures.len(), 1, "{:?}", r.failures);
+        let s = section(&r, 1, 1, 300);
+        for want in [
+            "| instructions per round trip, current-thread runtime vs core layer, tokio waits | 3000 | 2000 | 1.50 | ≤ 1.50 | yes |",
+            "| instructions per round trip, multi-thread runtime, spawned task vs core layer, tokio waits | – | 2000 | – | ≤ 1.50 | no figure |",
+            "| instructions per round trip, core layer, tokio waits vs core layer, tokio waits | 2000 | 2000 | 1.00 |  |  |",
+        ] {
+            assert!(s.text.contains(want), "{want}\n{}", s.text);
+        }
+        assert!(s.ratios.iter().any(|t| t.name
+            == "tools: instructions per round trip, current-thread runtime"
+            && t.ratio == 1.5
+            && !t.higher_is_better));
     }
 
     #[test]

@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use super::parse::{Results, Rounds};
 use super::{
-    Plan, BUSY_POLL_US, CHANNELS, DRAIN_ROUNDS, DRIVERS, EVENT_CONNS, EVENT_LAYERS, IN_FLIGHT,
-    LAYERS, STEPS, STREAMS,
+    Plan, BUSY_POLL_US, CG_DRIVERS, CG_ITERS, CG_WARMUP, CHANNELS, DRAIN_ROUNDS, DRIVERS,
+    EVENT_CONNS, EVENT_LAYERS, IN_FLIGHT, LAYERS, STEPS, STREAMS,
 };
 
 /// What begins the name of every tracked ratio of the tools run (and of no criterion row).
@@ -218,6 +218,7 @@ impl Results {
                 );
             }
         }
+        self.instructions(&mut out);
         self.throughput(&mut out, plan, header);
 
         let _ = write!(
@@ -314,6 +315,59 @@ enum Target {
 }
 
 impl Results {
+    /// Instructions per round trip of the callgrind runs, and `Connection` ÷ the core's.
+    fn per_round_trip(&self, flags: &str) -> Option<f64> {
+        let runs = self.cg.get(flags.trim())?;
+        let (short, long) = (runs.get(&CG_ITERS[0])?, runs.get(&CG_ITERS[1])?);
+        Some((*long as f64 - *short as f64) / f64::from(CG_ITERS[1] - CG_ITERS[0]))
+    }
+
+    fn instructions(&self, out: &mut Section) {
+        let _ = write!(
+            out,
+            "\n### User-space instructions per 64 B round trip (callgrind)\n\n\
+             The ping-pong's client in event mode under `valgrind --tool=callgrind`, its server \
+             outside it: (the total of {} round trips − the total of {}) ÷ {}, after {CG_WARMUP} \
+             untimed ones, so that start-up cancels out; the kernel's instructions are not \
+             counted. A wait that finds its completion already there costs fewer instructions \
+             than one that sleeps, so the count moves a little with timing. Baseline: the core \
+             layer with tokio's waits, same boot.\n\n\
+             | figure | ours | baseline | ratio | target | met? |\n|---|---:|---:|---:|---:|---|\n",
+            CG_ITERS[1],
+            CG_ITERS[0],
+            CG_ITERS[1] - CG_ITERS[0]
+        );
+        let flags_of = |d: &str| DRIVERS.iter().find(|x| x.0 == d).map_or("", |x| x.1);
+        let base = self.per_round_trip(flags_of("core-tokio"));
+        for (driver, flags, label) in DRIVERS.iter().filter(|d| CG_DRIVERS.contains(&d.0)) {
+            let ours = self.per_round_trip(flags);
+            let ratio = ours.zip(base).map(|(o, b)| o / b);
+            let (t, met) = if *driver == "core-tokio" {
+                (String::new(), String::new())
+            } else {
+                (
+                    "≤ 1.50".to_owned(),
+                    ratio.map_or("no figure".into(), |r| yes(r <= 1.5)),
+                )
+            };
+            let _ = writeln!(
+                out,
+                "| instructions per round trip, {label} vs core layer, tokio waits | {} | {} | {} | {t} | {met} |",
+                fmt(ours),
+                fmt(base),
+                ratio.map_or_else(|| "–".into(), |r| format!("{r:.2}")),
+            );
+            if let Some(r) = ratio.filter(|_| *driver != "core-tokio") {
+                out.ratios.push(ToolRatio {
+                    name: format!("{ROW_PREFIX}instructions per round trip, {label}"),
+                    ratio: r,
+                    higher_is_better: false,
+                    spread: None,
+                });
+            }
+        }
+    }
+
     /// The throughput table: `tools_stream` against `ib_send_bw`, each mode against the tool in
     /// the same mode.
     fn throughput(&self, out: &mut Section, plan: &Plan, header: &str) {

@@ -5,8 +5,8 @@ use std::fmt::Write as _;
 use std::path::Path;
 
 use super::{
-    Plan, ADDR, BUSY_POLL_US, CHANNELS, CONNS, DRAIN_ROUNDS, DRIVERS, EVENT_CONNS, IN_FLIGHT,
-    LAYERS, STREAMS,
+    Plan, ADDR, BUSY_POLL_US, CG_DRIVERS, CG_ITERS, CG_WARMUP, CHANNELS, CONNS, DRAIN_ROUNDS,
+    DRIVERS, EVENT_CONNS, IN_FLIGHT, LAYERS, STREAMS,
 };
 use crate::vm;
 
@@ -37,6 +37,18 @@ pub(super) fn script(examples: &Path, plan: &Plan) -> String {
          \x20 timeout 300 $E/tools_stream --serve $A:7491 \"$@\" & s=$!\n\
          \x20 timeout 300 $E/tools_stream --connect $A:7491 \"$@\" || {{ kill $s; fail tools_stream \"$@\"; }}\n\
          \x20 wait $s\n\
+         }}\n\
+         # The client under callgrind (user-space instructions), after its server listens;\n\
+         # the marker line gives the program's total.\n\
+         cg() {{\n\
+         \x20 n=$1; shift\n\
+         \x20 timeout 300 $E/tools_pingpong --serve $A:7492 \"$@\" >/dev/null & s=$!; sleep 3\n\
+         \x20 timeout 600 valgrind --tool=callgrind --callgrind-out-file=/tmp/evchan-cg.out \\\n\
+         \x20   $E/tools_pingpong --connect $A:7492 --warmup {CG_WARMUP} --iters $n \"$@\" >/dev/null 2>&1 \\\n\
+         \x20   || fail callgrind tools_pingpong \"$@\"\n\
+         \x20 wait $s\n\
+         \x20 t=$(callgrind_annotate /tmp/evchan-cg.out 2>/dev/null | awk '/PROGRAM TOTALS/ {{gsub(\",\", \"\", $1); print $1}}')\n\
+         \x20 echo \"@@tools cg iters=$n total=$t flags=$*\"\n\
          }}\n\
          pp() {{\n\
          \x20 timeout 300 $E/tools_pingpong --serve $A:7490 \"$@\" & s=$!\n\
@@ -84,6 +96,14 @@ pub(super) fn script(examples: &Path, plan: &Plan) -> String {
                 s,
                 "pp --iters {n} --size 64 --busy-poll-us {BUSY_POLL_US}{flags}"
             );
+        }
+    }
+    // Instructions per round trip: the difference between a long and a short run of the
+    // same client, so that its start-up cancels out.
+    s.push_str("echo '@@tools phase instructions'\n");
+    for (_, flags, _) in DRIVERS.iter().filter(|d| CG_DRIVERS.contains(&d.0)) {
+        for n in CG_ITERS {
+            let _ = writeln!(s, "cg {n}{flags}");
         }
     }
     s.push_str("echo '@@tools phase throughput'\n");
@@ -163,6 +183,35 @@ mod tests {
             assert_eq!(pp[i + 10], *want);
         }
         assert_eq!(s.lines().filter(|l| l.starts_with("isl ")).count(), 4);
+        let cg: Vec<&str> = s.lines().filter(|l| l.starts_with("cg ")).collect();
+        assert_eq!(
+            cg,
+            [
+                "cg 300",
+                "cg 1300",
+                "cg 300 --multi-thread --spawn",
+                "cg 1300 --multi-thread --spawn",
+                "cg 300 --layer core --tokio",
+                "cg 1300 --layer core --tokio",
+            ]
+        );
+    }
+
+    #[test]
+    fn script_is_valid_sh() {
+        let path = std::env::temp_dir().join(format!("evchan-tools-{}.sh", std::process::id()));
+        std::fs::write(&path, script(Path::new("/x"), &plan(1, 1))).unwrap();
+        let out = std::process::Command::new("sh")
+            .arg("-n")
+            .arg(&path)
+            .output()
+            .unwrap();
+        let _ = std::fs::remove_file(&path);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
 
     fn plan(lat_rounds: u32, stream_rounds: u32) -> Plan {
