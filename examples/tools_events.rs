@@ -116,6 +116,11 @@ fn main() -> ExitCode {
     if !tools_support::device_present(PROGRAM) {
         return ExitCode::SUCCESS;
     }
+    // Both sides' connections in one process: two descriptors each (completion channel and
+    // its readiness proxy), more than the usual soft limit of 1,024 for 256 connections.
+    if let Err(e) = evchan_sys::raise_open_files_limit() {
+        fail(PROGRAM, format!("raising the open-files limit: {e}"));
+    }
     if layer != "async" {
         let done = if layer == "core" {
             core(addr, channels, conns, in_flight)

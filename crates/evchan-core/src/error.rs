@@ -12,7 +12,11 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 ///
 /// OS failures keep their [`io::Error`] and name the C call; the other variants are checks this
 /// crate makes before (or instead of) calling C.
-#[derive(Debug, thiserror::Error)]
+///
+/// Its `Debug` is its message, then each cause on a line of its own: what a `main` that
+/// returns `Result<(), evchan_core::Error>` prints on failure (`Error: …`), help included (the
+/// no-device error says how to get a device). Match on the variants for the details.
+#[derive(thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
     /// The machine has no usable RDMA device (librdmacm reported `ENODEV`).
@@ -205,6 +209,18 @@ impl UnexpectedEvent {
                 self.expected, self.got
             )
         }
+    }
+}
+
+impl fmt::Debug for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{self}")?;
+        let mut cause = std::error::Error::source(self);
+        while let Some(c) = cause {
+            write!(f, "\n  caused by: {c}")?;
+            cause = c.source();
+        }
+        Ok(())
     }
 }
 

@@ -62,6 +62,11 @@ pub use error::{Error, NoDevice, PrivateDataTooLong, Result, UnexpectedEvent};
 #[cfg(feature = "tokio")]
 pub use readiness::{Readable, ReadyGuard};
 
+// This crate's README's Rust example, compiled as a doc test (`no_run`: it needs a device).
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;
+
 /// The index of network interface `name` (`if_nametoindex(3)`), e.g. the scope id of an IPv6
 /// link-local address on it; `None` when there is no such interface.
 #[doc(alias = "if_nametoindex")]

@@ -64,7 +64,11 @@ pub enum Lost {
 }
 
 /// An error of the async connection API.
-#[derive(Debug, thiserror::Error)]
+///
+/// Its `Debug` is its message, then each cause on a line of its own: what a `main` that
+/// returns `Result<(), evchan::Error>` prints on failure (`Error: …`), help included (the
+/// no-device error says how to get a device). Match on the variants for the details.
+#[derive(thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
     /// No RDMA device; the message says how to get one.
@@ -183,5 +187,17 @@ impl From<Error> for io::Error {
             _ => io::ErrorKind::Other,
         };
         io::Error::new(kind, e)
+    }
+}
+
+impl fmt::Debug for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{self}")?;
+        let mut cause = std::error::Error::source(self);
+        while let Some(c) = cause {
+            write!(f, "\n  caused by: {c}")?;
+            cause = c.source();
+        }
+        Ok(())
     }
 }

@@ -69,4 +69,13 @@ pub use error::{Error, Lost, Result, Step};
 pub use listener::{Incoming, Listener};
 pub use stream::Stream;
 
+// The READMEs' Rust examples (the workspace's and this crate's), compiled as doc tests of this
+// crate (`no_run`: they need a device).
+#[cfg(doctest)]
+#[doc = include_str!("../../../README.md")]
+struct WorkspaceReadmeDoctests;
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;
+
 pub use evchan_core as core;

@@ -67,7 +67,8 @@ fn oversized_private_data_is_refused_before_anything() {
 }
 
 /// Without a device (this machine, natively), connecting fails with the no-device error,
-/// whose message says how to get one. Skipped where a device exists.
+/// whose message says how to get one, and so does its `Debug` (what a `main` returning the
+/// error prints). Skipped where a device exists.
 #[test]
 fn no_device_says_how_to_get_one() {
     if evchan_core::device::probe().is_ok() {
@@ -81,6 +82,11 @@ fn no_device_says_how_to_get_one() {
     assert!(matches!(e, Error::NoDevice(_)), "{e}");
     let message = e.to_string();
     assert!(message.contains("rdma link add"), "{message}");
+    let debug = format!("{e:?}");
+    assert!(
+        debug.starts_with(&message) && debug.contains("caused by: "),
+        "{debug}"
+    );
     let io: std::io::Error = e.into();
     assert_eq!(io.kind(), std::io::ErrorKind::NotFound);
 }
