@@ -24,7 +24,6 @@
 //! the write lock, which waits for every post inside, before `rdma_destroy_qp`. So no post ever
 //! reaches a destroyed QP, and one that comes later fails cleanly.
 
-use std::io;
 use std::ptr::NonNull;
 use std::sync::{Arc, PoisonError, RwLock};
 
@@ -160,7 +159,7 @@ pub(crate) struct WaiterCell {
 
 #[cfg(feature = "tokio")]
 impl WaiterCell {
-    pub(crate) fn new(channel: Arc<ChannelCell>) -> io::Result<Self> {
+    pub(crate) fn new(channel: Arc<ChannelCell>) -> std::io::Result<Self> {
         // SAFETY: `channel` is kept in the cell, after `waiter` (whose registration is dropped,
         // deregistering the descriptor, before the channel closes it); `waiter` is only lent
         // out shortened.
