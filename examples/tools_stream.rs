@@ -2,12 +2,13 @@
 //! `ib_send_bw -R -s SIZE [-q CONNS]` in `cargo xtask bench --tools`.
 //!
 //! ```text
-//! tools_stream --serve IP:PORT [--conns K] [--size BYTES] [--count M] [--busy-poll-us N]
-//! tools_stream --connect IP:PORT [--conns K] [--size BYTES] [--count M] [--busy-poll-us N]
+//! tools_stream --serve IP:PORT [--conns K] [--size BYTES] [--count M] [--busy-poll-us N] [--depth D] [--workers W]
+//! tools_stream --connect IP:PORT [--conns K] [--size BYTES] [--count M] [--busy-poll-us N] [--depth D] [--workers W]
 //! ```
 //!
 //! Both sides run on a multi-thread tokio runtime of two workers (what `#[tokio::main]` makes
-//! on our 2-core machines) with a default [`Config`] (but for `max_message`, raised to the
+//! on our 2-core machines; `--workers W` for W, 1 for a current-thread runtime; `--depth D`
+//! sets `recv_depth` and `send_depth`) with a default [`Config`] (but for `max_message`, raised to the
 //! size), a task per connection. The client makes `--conns` connections (default 1), then each
 //! task sends `--count` messages of `--size` bytes (defaults 20,000 and 64) as fast as the
 //! peer's credits let it: the window is always full, as `ib_send_bw`'s is. The server's task
@@ -31,7 +32,7 @@ use tools_support::{emit, fail};
 
 const PROGRAM: &str = "tools_stream";
 const USAGE: &str = "usage: tools_stream --serve IP:PORT | --connect IP:PORT [--conns K] \
-                     [--size BYTES] [--count M] [--busy-poll-us N]";
+                     [--size BYTES] [--count M] [--busy-poll-us N] [--depth D] [--workers W]";
 
 struct Args {
     serve: Option<SocketAddr>,
@@ -41,6 +42,7 @@ struct Args {
     count: u64,
     busy_poll: Option<Duration>,
     depth: Option<u32>,
+    workers: usize,
 }
 
 fn main() -> ExitCode {
@@ -52,6 +54,7 @@ fn main() -> ExitCode {
         count: 20_000,
         busy_poll: None,
         depth: None,
+        workers: 2,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -68,6 +71,7 @@ fn main() -> ExitCode {
             "--size" => a.size = number(&value) as usize,
             "--count" => a.count = number(&value),
             "--depth" => a.depth = Some(u32::try_from(number(&value)).unwrap_or(u32::MAX)),
+            "--workers" => a.workers = number(&value) as usize,
             "--busy-poll-us" => a.busy_poll = Some(Duration::from_micros(number(&value))),
             _ => fail(PROGRAM, format!("unknown argument `{flag}`\n{USAGE}")),
         }
@@ -83,8 +87,14 @@ fn main() -> ExitCode {
         Some(d) => config.recv_depth(d).send_depth(d),
         None => config,
     };
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
+    let mut rt = if a.workers == 1 {
+        tokio::runtime::Builder::new_current_thread()
+    } else {
+        let mut b = tokio::runtime::Builder::new_multi_thread();
+        b.worker_threads(a.workers);
+        b
+    };
+    let rt = rt
         .enable_all()
         .build()
         .unwrap_or_else(|e| fail(PROGRAM, format!("tokio: {e}")));

@@ -139,9 +139,11 @@ impl Config {
         self
     }
 
-    /// Busy-poll: a `recv` that finds nothing polls the connection's completion queue
-    /// without sleeping for `window` (like rsocket's polling window), yielding to the tokio
-    /// runtime every 64 polls, before it arms the queue and sleeps on its completion channel.
+    /// Busy-poll: a `recv` that finds nothing, and a `send` that finds no credit or send slot
+    /// free, polls the connection's completion queue without sleeping for `window` (like
+    /// rsocket's polling window), yielding to the tokio runtime every 64 polls (as
+    /// `tokio::task::yield_now` does), before it arms the queue and sleeps on its completion
+    /// channel.
     /// Off by default: it trades the CPU of the waiting task's thread for latency. Per
     /// connection (a listener's setting is its connections').
     #[must_use]

@@ -354,7 +354,8 @@ impl SendHalf {
         if self.shut {
             return Err(Error::ConnectionLost(Lost::Closed));
         }
-        poll_fn(|cx| self.wire.poll_send(cx, data)).await
+        let mut spin = None;
+        poll_fn(|cx| self.wire.poll_send(cx, data, &mut spin)).await
     }
 
     /// Sends the close message after everything sent: the peer's `recv` returns `None` once it
@@ -378,12 +379,13 @@ impl SendHalf {
         &self,
         cx: &mut std::task::Context<'_>,
         buf: &[u8],
+        spin: &mut Option<Instant>,
     ) -> std::task::Poll<Result<usize>> {
         if self.shut {
             return std::task::Poll::Ready(Err(Error::ConnectionLost(Lost::Closed)));
         }
         let n = buf.len().min(self.max_send);
-        self.wire.poll_send(cx, &buf[..n]).map_ok(|()| n)
+        self.wire.poll_send(cx, &buf[..n], spin).map_ok(|()| n)
     }
 }
 

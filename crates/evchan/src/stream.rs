@@ -3,6 +3,7 @@
 use std::io;
 use std::pin::Pin;
 use std::task::{ready, Context, Poll};
+use std::time::Instant;
 
 use bytes::{Buf, Bytes};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
@@ -34,6 +35,8 @@ pub struct Stream {
     recv: RecvHalf,
     chunk: Bytes,
     eof: bool,
+    /// When the current busy poll of a write began (see `Config::busy_poll`).
+    write_spin: Option<Instant>,
 }
 
 impl Stream {
@@ -46,6 +49,7 @@ impl Stream {
             recv,
             chunk: Bytes::new(),
             eof: false,
+            write_spin: None,
         }
     }
 }
@@ -80,7 +84,12 @@ impl AsyncWrite for Stream {
         if buf.is_empty() {
             return Poll::Ready(Ok(0));
         }
-        Poll::Ready(Ok(ready!(self.send.poll_write(cx, buf))?))
+        let this = self.get_mut();
+        Poll::Ready(Ok(ready!(this.send.poll_write(
+            cx,
+            buf,
+            &mut this.write_spin
+        ))?))
     }
 
     fn poll_flush(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {

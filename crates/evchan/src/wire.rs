@@ -44,6 +44,28 @@ const POLL_BATCH: usize = 32;
 /// Busy poll: empty polls between two clock reads and yields to the runtime.
 const SPINS_PER_YIELD: u32 = 64;
 
+/// What a busy poll ended with.
+enum Spun<'a> {
+    /// Completions came: look again.
+    Found(MutexGuard<'a, Path>),
+    /// None came; the task yielded to the runtime (and will be polled again): `Pending`.
+    Yielded,
+    /// Busy polling is off, or its window spent: wait through the reactor.
+    Over(MutexGuard<'a, Path>),
+}
+
+/// A yield to the runtime that hands the task to no other worker: tokio's `yield_now` wakes
+/// it only after the worker has polled its reactor, where a wake of the task by itself while
+/// it runs would put it in the run queue and unpark a sibling worker of a multi-thread runtime
+/// to steal it (a context switch, on a small machine the CPU the peer needs, per yield). Only
+/// the first poll of `yield_now`'s future is needed: it schedules the wake.
+fn yield_to_runtime(cx: &mut Context<'_>) {
+    let yielded = std::pin::pin!(tokio::task::yield_now());
+    if std::future::Future::poll(yielded, cx).is_ready() {
+        cx.waker().wake_by_ref();
+    }
+}
+
 /// The waiters of a connection, one slot each.
 const RECV: usize = 0;
 const SEND: usize = 1;
@@ -322,21 +344,69 @@ impl Wire {
 
     /// Posts a copy of `data` as one message once a send slot and (toward an evchan peer) a
     /// credit are free; `Pending` until then, with nothing posted.
-    pub(crate) fn poll_send(&self, cx: &mut Context<'_>, data: &[u8]) -> Poll<Result<()>> {
+    /// `*spin` is the busy poll's start, as in [`poll_recv`](Self::poll_recv).
+    pub(crate) fn poll_send(
+        &self,
+        cx: &mut Context<'_>,
+        data: &[u8],
+        spin: &mut Option<Instant>,
+    ) -> Poll<Result<()>> {
         let mut path = self.lock();
         loop {
             if let Some(e) = path.send_error() {
+                *spin = None;
                 return Poll::Ready(Err(e));
             }
             if path.can_send() {
                 match path.post_data(data) {
-                    Posted::Yes => return Poll::Ready(Ok(())),
+                    Posted::Yes => {
+                        *spin = None;
+                        return Poll::Ready(Ok(()));
+                    }
                     Posted::Failed => continue,
                     Posted::QueueFull => {}
                 }
             }
+            match self.busy_poll(path, SEND, spin, cx) {
+                Spun::Found(p) => {
+                    path = p;
+                    continue;
+                }
+                Spun::Yielded => return Poll::Pending,
+                Spun::Over(p) => path = p,
+            }
             std::task::ready!(self.poll_progress(&mut path, SEND, cx))?;
         }
+    }
+
+    /// Busy polling (when `Config::busy_poll` is on and its window, which began at `*spin`,
+    /// or now, is not spent): up to [`SPINS_PER_YIELD`] polls of the CQ, then a yield. `who`:
+    /// the waiter spinning (it is not woken for what it reaps itself).
+    fn busy_poll<'a>(
+        &'a self,
+        mut path: MutexGuard<'a, Path>,
+        who: usize,
+        spin: &mut Option<Instant>,
+        cx: &mut Context<'_>,
+    ) -> Spun<'a> {
+        let Some(window) = self.busy_poll else {
+            return Spun::Over(path);
+        };
+        let start = *spin.get_or_insert_with(Instant::now);
+        if start.elapsed() >= window {
+            return Spun::Over(path);
+        }
+        for _ in 0..SPINS_PER_YIELD {
+            if self.progress(&mut path, Some(who)) > 0 {
+                return Spun::Found(path);
+            }
+            drop(path);
+            std::hint::spin_loop();
+            path = self.lock();
+        }
+        drop(path);
+        yield_to_runtime(cx);
+        Spun::Yielded
     }
 
     /// The next message, `None` once the peer closed cleanly; waits (busy within the busy-poll
@@ -360,26 +430,13 @@ impl Wire {
                 *spin = None;
                 return Poll::Ready(end);
             }
-            if let Some(window) = self.busy_poll {
-                let start = *spin.get_or_insert_with(Instant::now);
-                if start.elapsed() < window {
-                    let mut found = false;
-                    for _ in 0..SPINS_PER_YIELD {
-                        if self.progress(&mut path, Some(RECV)) > 0 {
-                            found = true;
-                            break;
-                        }
-                        drop(path);
-                        std::hint::spin_loop();
-                        path = self.lock();
-                    }
-                    if found {
-                        continue;
-                    }
-                    // A yield: the runtime runs the other tasks (and its reactor), then this.
-                    cx.waker().wake_by_ref();
-                    return Poll::Pending;
+            match self.busy_poll(path, RECV, spin, cx) {
+                Spun::Found(p) => {
+                    path = p;
+                    continue;
                 }
+                Spun::Yielded => return Poll::Pending,
+                Spun::Over(p) => path = p,
             }
             std::task::ready!(self.poll_progress(&mut path, RECV, cx))?;
         }

@@ -209,9 +209,22 @@ async fn echo_on_a_multi_thread_runtime() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn halves_on_two_tasks_lose_nothing_to_each_other() {
     require_device!();
+    halves_on_two_tasks(Config::new(), port(9)).await;
+}
+
+/// The same, busy-polling: a sender without credits and a receiver without messages both
+/// spin on the one CQ (and yield to the runtime) before they sleep.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn busy_polling_halves_on_two_tasks_lose_nothing_to_each_other() {
+    require_device!();
+    let busy = Config::new().busy_poll(Some(Duration::from_micros(300)));
+    halves_on_two_tasks(busy, port(10)).await;
+}
+
+async fn halves_on_two_tasks(config: Config, port: u16) {
     const N: u32 = 2000;
-    let config = Config::new().recv_depth(4).send_depth(4);
-    let listener = step("bind", Listener::bind(v4(port(9)), config.clone()))
+    let config = config.recv_depth(4).send_depth(4);
+    let listener = step("bind", Listener::bind(v4(port), config.clone()))
         .await
         .unwrap();
     let addr = listener.local_addr();
