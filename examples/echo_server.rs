@@ -64,9 +64,8 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    // evchan's shard threads do the RDMA work; this runtime only runs the application's
-    // tasks. Woken from a shard, a multi-thread runtime's worker also wakes a second worker;
-    // a current-thread runtime does not (docs/BENCHMARKS.md).
+    // A connection's messages are posted and reaped in the task that sends or receives them;
+    // evchan's shard threads run only the rdma_cm control path (connect, accept, close).
     let rt = if args.current_thread {
         tokio::runtime::Builder::new_current_thread()
     } else {

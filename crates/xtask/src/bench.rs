@@ -238,7 +238,11 @@ fn write_tools_section(section: &str, opts: &Options, worse: &[String]) -> Resul
         section.push_str(&report::compared_line(name, &tools));
     }
     report::write_tools(&crate::root().join("docs").join("BENCHMARKS.md"), &section)?;
-    println!("wrote the comparisons with rdma-core's tools into docs/BENCHMARKS.md");
+    crate::bench_tools::readme::write(&crate::root())?;
+    println!(
+        "wrote the comparisons with rdma-core's tools into docs/BENCHMARKS.md, and their \
+         figures table into README.md"
+    );
     Ok(())
 }
 
@@ -264,6 +268,11 @@ fn flagged(opts: &Options, worse: &[String]) -> bool {
 /// [-- ARGS...]`, or `cargo xtask bench --tools [--quick] [--save NAME | --compare NAME]`
 pub fn run(args: &[String]) -> Result<i32> {
     let started = Instant::now();
+    if args == ["--readme"] {
+        crate::bench_tools::readme::write(&crate::root())?;
+        println!("wrote README.md's figures table from docs/BENCHMARKS.md");
+        return Ok(0);
+    }
     let opts = options(args)?;
     if opts.tools_only {
         return tools_alone(&opts);

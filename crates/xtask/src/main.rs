@@ -72,12 +72,17 @@ tasks:
                         1, 2, 4 channels; prints a markdown section and writes it into its part
                         of docs/BENCHMARKS.md (--quick: fewer rounds); --save / --compare as
                         above, with the tools' ratios only
-  demo [--vm] [OPTS]    build examples/echo_server.rs and echo_client.rs and run them against a
-                        device (the VM by default): 4 connections × 250 ping-pongs of 64 bytes;
-                        prints setup times, round-trip percentiles (p50/p99/p99.9), messages/s
+  bench --readme        rewrite README.md's figures table from docs/BENCHMARKS.md's tools part
+                        (`bench --tools` does it after each run; a native test checks they agree)
+  demo [--vm] [OPTS]    build examples/echo_server.rs and echo_client.rs (release) and run them
+                        on a device (the VM unless this host has an RDMA port), each round right
+                        after rdma-core's `ib_send_lat -R -e` with the same size: 3 rounds of
+                        1,000 ping-pongs of 64 bytes over 1 connection; prints each side's
+                        round-trip p50 and p99 (medians of the rounds) and their ratio,
+                        connection setup and messages/s
       --addr IP:PORT    the server's address (default 169.254.77.1:7471, the VM's; natively,
                         an address on this host's RDMA port)
-      --connections N, --messages M, --size BYTES   the client's load
+      --connections N, --messages M, --size BYTES, --rounds R   the load
   demo --core [--vm]    the core layer alone: examples/demo.rs (create a channel and an id,
                         resolve the address and the route, print the events)
   fuzz [--seconds N] [TARGET...]

@@ -41,8 +41,9 @@
 //! This module holds the run's plan and the run itself; [`script`](mod@script) writes the guest's shell
 //! script, [`parse`] reads its output into figures, [`report`] renders the markdown section.
 
-mod parse;
-mod report;
+pub(crate) mod parse;
+pub(crate) mod readme;
+pub(crate) mod report;
 mod script;
 
 use std::time::{Duration, Instant};

@@ -87,6 +87,21 @@ fn stream_key(f: &BTreeMap<&str, &str>) -> Option<(String, u32, u32)> {
     ))
 }
 
+/// `ib_send_lat`'s result line for messages of `size` bytes (`#bytes #iterations t_min t_max
+/// t_typical t_avg t_stdev 99% 99.9%`, each time half a round trip): the round trip's p50 and
+/// p99 in µs, `t_typical` and `99%` doubled. `None` for any other line. (`t_stdev` may read
+/// `-nan`; only the size, `t_typical` and `99%` are read.)
+pub(crate) fn send_lat_result(line: &str, size: u32) -> Option<(f64, f64)> {
+    let v: Vec<&str> = line.split_whitespace().collect();
+    let num = |i: usize| v.get(i).and_then(|t| t.parse::<f64>().ok());
+    match (v.len(), num(0), num(4), num(7)) {
+        (9, Some(bytes), Some(typical), Some(p99)) if bytes == f64::from(size) => {
+            Some((2.0 * typical, 2.0 * p99))
+        }
+        _ => None,
+    }
+}
+
 impl Results {
     pub(super) fn add_line(&mut self, line: &str) {
         let line = line.trim();
@@ -221,14 +236,8 @@ impl Results {
                 }
             }
         } else if let Some(mode) = self.isl_mode.clone() {
-            // perftest: `#bytes #iterations t_min t_max t_typical t_avg t_stdev 99% 99.9%`,
-            // each time half a round trip.
-            // (t_stdev may read `-nan`; only the size, t_typical and 99% are used.)
-            let v: Vec<&str> = line.split_whitespace().collect();
-            let num = |i: usize| v.get(i).and_then(|t| t.parse::<f64>().ok());
-            if let (9, Some(64.0), Some(typical), Some(p99)) = (v.len(), num(0), num(4), num(7)) {
+            if let Some(v) = send_lat_result(line, 64) {
                 let key = (mode, "tool".to_owned());
-                let v = (2.0 * typical, 2.0 * p99);
                 put(&mut self.lat, key, self.round, v, &mut self.failures);
                 self.isl_mode = None;
             }

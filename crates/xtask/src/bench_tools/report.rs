@@ -542,7 +542,7 @@ fn paired(ours: &Rounds, base: &Rounds) -> Option<Paired> {
 }
 
 /// The median (the mean of the middle two for an even count); `None` when empty.
-fn median(v: &[f64]) -> Option<f64> {
+pub(crate) fn median(v: &[f64]) -> Option<f64> {
     if v.is_empty() {
         return None;
     }
