@@ -4,7 +4,6 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use std::future::poll_fn;
-use std::time::Instant;
 
 use bytes::Bytes;
 use tokio::sync::oneshot;
@@ -14,7 +13,8 @@ use crate::error::{Error, Lost, Result};
 use crate::proto::handshake::HEADER_LEN;
 use crate::proto::Peer;
 use crate::runtime::{Cmd, ConnId, ConnectCmd, Established, Runtime, ShardRef};
-use crate::wire::Wire;
+use crate::wait::Role;
+use crate::wire::{Wait, Waiting, Wire};
 
 /// The most user private data `rdma_connect` carries after evchan's handshake (RoCE/IB, TCP
 /// port space: 56 − 16).
@@ -87,8 +87,6 @@ pub struct RecvHalf {
     conn: ConnId,
     shard: ShardRef,
     wire: Arc<Wire>,
-    /// When the current busy poll began (see `Config::busy_poll`).
-    spin: Option<Instant>,
     info: Arc<Info>,
 }
 
@@ -218,7 +216,6 @@ impl Connection {
                 conn,
                 shard,
                 wire,
-                spin: None,
                 info,
             },
         }
@@ -267,7 +264,11 @@ impl Connection {
     /// Cancel safety: dropping the future leaves the close to finish in the background.
     pub async fn close(self) -> Result<()> {
         // A failure here (no I/O driver in this runtime) leaves the wait to the shard.
-        let _ = poll_fn(|cx| self.send.wire.poll_close(cx)).await;
+        {
+            let wire = &self.send.wire;
+            let mut waiting = Waiting::new(wire, Role::Close);
+            let _ = poll_fn(|cx| wire.poll_close(cx, &mut waiting.wait)).await;
+        }
         let (reply, done) = oneshot::channel();
         let Connection { send, recv } = self;
         let (wire, shard) = (Arc::clone(&send.wire), send.shard.clone());
@@ -354,8 +355,8 @@ impl SendHalf {
         if self.shut {
             return Err(Error::ConnectionLost(Lost::Closed));
         }
-        let mut spin = None;
-        poll_fn(|cx| self.wire.poll_send(cx, data, &mut spin)).await
+        let mut waiting = Waiting::new(&self.wire, Role::Send);
+        poll_fn(|cx| self.wire.poll_send(cx, data, &mut waiting.wait)).await
     }
 
     /// Sends the close message after everything sent: the peer's `recv` returns `None` once it
@@ -379,13 +380,18 @@ impl SendHalf {
         &self,
         cx: &mut std::task::Context<'_>,
         buf: &[u8],
-        spin: &mut Option<Instant>,
+        wait: &mut Wait,
     ) -> std::task::Poll<Result<usize>> {
         if self.shut {
             return std::task::Poll::Ready(Err(Error::ConnectionLost(Lost::Closed)));
         }
         let n = buf.len().min(self.max_send);
-        self.wire.poll_send(cx, &buf[..n], spin).map_ok(|()| n)
+        self.wire.poll_send(cx, &buf[..n], wait).map_ok(|()| n)
+    }
+
+    /// The connection's data path (the byte stream's waits end there).
+    pub(crate) fn wire(&self) -> &Wire {
+        &self.wire
     }
 }
 
@@ -416,14 +422,21 @@ impl RecvHalf {
     /// broke the protocol, or the device went away); messages that arrived before are
     /// delivered first. [`Error::Config`] on a tokio runtime without its I/O driver.
     pub async fn recv(&mut self) -> Result<Option<Bytes>> {
-        poll_fn(|cx| self.poll_recv(cx)).await
+        let mut waiting = Waiting::new(&self.wire, Role::Recv);
+        poll_fn(|cx| self.wire.poll_recv(cx, &mut waiting.wait)).await
     }
 
     pub(crate) fn poll_recv(
-        &mut self,
+        &self,
         cx: &mut std::task::Context<'_>,
+        wait: &mut Wait,
     ) -> std::task::Poll<Result<Option<Bytes>>> {
-        self.wire.poll_recv(cx, &mut self.spin)
+        self.wire.poll_recv(cx, wait)
+    }
+
+    /// The connection's data path (the byte stream's waits end there).
+    pub(crate) fn wire(&self) -> &Wire {
+        &self.wire
     }
 
     /// The peer's address.

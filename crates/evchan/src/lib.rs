@@ -58,6 +58,7 @@ mod listener;
 pub mod proto;
 mod runtime;
 mod stream;
+mod wait;
 mod wire;
 
 pub use config::Config;

@@ -8,21 +8,24 @@
 //! completion of one direction is never lost to the other: a `SendHalf` waiting for a credit
 //! and a `RecvHalf` waiting for a message on two tasks each find what they wait for, whoever
 //! reaped it. Waiting goes through tokio's reactor on the connection's own completion channel
-//! ([`CqWaiter`], registered with the runtime of the first task that waits): arm, poll, sleep;
-//! a wake-up's completions come first, its events are read (until `EAGAIN`) and the CQ armed
-//! again by the next wait that finds the CQ empty. The reactor keeps one waker per descriptor,
-//! so the waits register a shared waker ([`Wakers`]) that wakes every task waiting on the
-//! connection; each then looks at the state again. Whoever makes progress also wakes the
-//! waiters it helped (a message for the reader, a slot or credit for the sender).
+//! ([`CqWaiter`], registered with every runtime whose tasks wait on it, so that a wait never
+//! depends on the reactor of another runtime, which may be idle): arm, poll, sleep; a
+//! wake-up's completions come first, its events are read (until `EAGAIN`) and the CQ armed
+//! again by the next wait that finds the CQ empty. The reactor keeps one waker per
+//! registration, so the waits register a shared one ([`Waiters`]) that wakes the waiting
+//! futures a completion may concern; each then looks at the state again. Whoever makes
+//! progress also wakes the waiters it helped (a message for the reader, a slot or credit for
+//! the first sender in line). Any number of futures may wait (senders in a FIFO line, see
+//! [`crate::wait`]); each leaves its line when it completes or is dropped ([`Waiting`]).
 //!
 //! The shard can take the verbs objects away at any time ([`Wire::release`]: the connection
 //! closed, was lost, or its device was removed); the halves then see why the connection
 //! ended, after the messages received before.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-use std::task::{Context, Poll, Wake, Waker};
+use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -38,6 +41,7 @@ use crate::error::{Error, Lost, Result};
 use crate::proto::{Credits, Kind};
 use crate::runtime::removal::Removal;
 use crate::runtime::ConnId;
+use crate::wait::{Place, Role, Waiters};
 
 /// How many completions one poll of the CQ takes.
 const POLL_BATCH: usize = 32;
@@ -59,17 +63,81 @@ enum Spun<'a> {
 /// it runs would put it in the run queue and unpark a sibling worker of a multi-thread runtime
 /// to steal it (a context switch, on a small machine the CPU the peer needs, per yield). Only
 /// the first poll of `yield_now`'s future is needed: it schedules the wake.
+///
+/// That deferred wake comes only once the scheduler of this thread gets control back, which
+/// a future polled by another executor (`futures::executor::block_on` on a tokio worker)
+/// never gives it: such a future is woken at once instead. Which wakers are tokio's own is
+/// learnt from the shards, which are tokio runtimes ([`note_tokio_waker`]).
 fn yield_to_runtime(cx: &mut Context<'_>) {
+    if !is_tokio_waker(cx.waker()) {
+        cx.waker().wake_by_ref();
+        return;
+    }
     let yielded = std::pin::pin!(tokio::task::yield_now());
     if std::future::Future::poll(yielded, cx).is_ready() {
         cx.waker().wake_by_ref();
     }
 }
 
-/// The waiters of a connection, one slot each.
-const RECV: usize = 0;
-const SEND: usize = 1;
-const CLOSE: usize = 2;
+/// The vtables of tokio's wakers: a current-thread runtime's `block_on`'s, and a task's.
+static TOKIO_WAKERS: [AtomicUsize; 2] = [AtomicUsize::new(0), AtomicUsize::new(0)];
+
+/// Notes `waker`, which tokio handed to a task (`task`) or to a current-thread runtime's
+/// `block_on`, as tokio's.
+pub(crate) fn note_tokio_waker(waker: &Waker, task: bool) {
+    let vtable = std::ptr::from_ref(waker.vtable()) as usize;
+    TOKIO_WAKERS[usize::from(task)].store(vtable, Ordering::Relaxed);
+}
+
+fn is_tokio_waker(waker: &Waker) -> bool {
+    let vtable = std::ptr::from_ref(waker.vtable()) as usize;
+    TOKIO_WAKERS
+        .iter()
+        .any(|v| v.load(Ordering::Relaxed) == vtable)
+}
+
+/// One future's wait on a connection: its place in its role's line and its busy-poll window.
+/// [`Waiting`] leaves the line when the future is done or dropped.
+#[derive(Debug, Default)]
+pub(crate) struct Wait {
+    place: Place,
+    /// When the busy poll began.
+    spin: Option<Instant>,
+}
+
+impl Wait {
+    /// The busy-poll window starts again (a byte stream's wait that was not polled for longer
+    /// than the window: the read or write that started it was abandoned, or slept).
+    pub(crate) fn restart_spin_if_idle(&mut self, window: Option<Duration>, last: Instant) {
+        if window.is_some_and(|w| last.elapsed() > w) {
+            self.spin = None;
+        }
+    }
+}
+
+/// A [`Wait`] that leaves its line when dropped: a future's.
+#[derive(Debug)]
+pub(crate) struct Waiting<'a> {
+    wire: &'a Wire,
+    role: Role,
+    pub(crate) wait: Wait,
+}
+
+impl<'a> Waiting<'a> {
+    pub(crate) fn new(wire: &'a Wire, role: Role) -> Self {
+        Waiting {
+            wire,
+            role,
+            wait: Wait::default(),
+        }
+    }
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.wire.end_wait(self.role, &mut self.wait);
+    }
+}
 
 /// The verbs objects of a connection: what [`Wire::release`] takes away.
 pub(crate) struct Objects {
@@ -77,8 +145,9 @@ pub(crate) struct Objects {
     pub(crate) send_mr: OwnedMr<SlotPool>,
     pub(crate) recv_mr: OwnedMr<SlotPool>,
     pub(crate) cq: OwnedCq,
-    /// The CQ's channel registered with tokio: made by the first wait, in its runtime.
-    waiter: Option<CqWaiter>,
+    /// The CQ's channel registered with tokio: one registration per runtime whose tasks
+    /// waited, made by the first wait in it (usually one).
+    waiters: Vec<(tokio::runtime::Id, CqWaiter)>,
 }
 
 impl Objects {
@@ -93,7 +162,7 @@ impl Objects {
             send_mr,
             recv_mr,
             cq,
-            waiter: None,
+            waiters: Vec::new(),
         }
     }
 }
@@ -143,65 +212,10 @@ enum Stop {
     Lost(Lost),
 }
 
-/// The wakers of the tasks waiting on a connection, and the one waker the CQ's readiness is
-/// polled with, which wakes them all (tokio keeps one waker per registration).
-#[derive(Debug, Default)]
-struct Wakers {
-    slots: Mutex<[Option<Waker>; 3]>,
-    /// Which slots hold a waker (bit `1 << who`), changed under `slots`' lock: a wake of
-    /// slots that hold none takes no lock.
-    held: AtomicU8,
-}
-
-impl Wakers {
-    fn lock(&self) -> MutexGuard<'_, [Option<Waker>; 3]> {
-        self.slots.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    fn set(&self, who: usize, waker: &Waker) {
-        let mut all = self.lock();
-        if !all[who].as_ref().is_some_and(|w| w.will_wake(waker)) {
-            all[who] = Some(waker.clone());
-        }
-        self.held.fetch_or(1 << who, Ordering::SeqCst);
-    }
-
-    /// Wakes the waiters of `mask` (bits `1 << who`), outside the lock.
-    fn wake_some(&self, mask: u8) {
-        if mask & self.held.load(Ordering::SeqCst) == 0 {
-            return;
-        }
-        let taken: [Option<Waker>; 3] = {
-            let mut all = self.lock();
-            self.held.fetch_and(!mask, Ordering::SeqCst);
-            std::array::from_fn(|k| {
-                if mask & (1 << k) != 0 {
-                    all[k].take()
-                } else {
-                    None
-                }
-            })
-        };
-        for w in taken.into_iter().flatten() {
-            w.wake();
-        }
-    }
-}
-
-impl Wake for Wakers {
-    fn wake(self: Arc<Self>) {
-        self.wake_some(0b111);
-    }
-
-    fn wake_by_ref(self: &Arc<Self>) {
-        self.wake_some(0b111);
-    }
-}
-
 /// A connection's data path (see the module's docs).
 pub(crate) struct Wire {
     path: Mutex<Path>,
-    wakers: Arc<Wakers>,
+    wakers: Arc<Waiters>,
     /// `wakers` as one waker, for the CQ's readiness.
     all: Waker,
     /// A completion came since the shard's last keepalive check.
@@ -257,7 +271,7 @@ impl Wire {
         busy_poll: Option<Duration>,
         to_shard: ToShard,
     ) -> Arc<Self> {
-        let wakers = Arc::new(Wakers::default());
+        let wakers = Arc::new(Waiters::default());
         Arc::new(Wire {
             path: Mutex::new(Path {
                 objects: Some(objects),
@@ -289,9 +303,9 @@ impl Wire {
         self.path.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Reaps what the CQ has; wakes the waiters that it helped, but `me` (the caller's own
-    /// slot, or none); how many completions there were.
-    fn progress(&self, path: &mut Path, me: Option<usize>) -> usize {
+    /// Reaps what the CQ has; wakes the waiters that it helped, but `me` (the caller's role and
+    /// place, or none); how many completions there were.
+    fn progress(&self, path: &mut Path, me: Option<(Role, Place)>) -> usize {
         let n = path.progress();
         if n > 0 {
             self.active.store(true, Ordering::Relaxed);
@@ -300,37 +314,41 @@ impl Wire {
         n
     }
 
-    fn wake_helped(&self, path: &Path, me: Option<usize>) {
+    fn wake_helped(&self, path: &Path, me: Option<(Role, Place)>) {
         let mut mask = 0u8;
         if !path.received.is_empty() || path.recv_end().is_some() {
-            mask |= 1 << RECV;
+            mask |= Role::Recv.bit();
         }
         if path.can_send() || path.stop.is_some() {
-            mask |= 1 << SEND;
+            mask |= Role::Send.bit();
         }
         if path.close_ready() {
-            mask |= 1 << CLOSE;
+            mask |= Role::Close.bit();
         }
-        if let Some(me) = me {
-            mask &= !(1 << me);
-        }
-        self.wakers.wake_some(mask);
+        self.wakers.wake_lines(mask, me);
     }
 
     /// Makes progress, or sleeps: `Ready` once something was reaped (or the connection
-    /// ended), `Pending` with `who`'s waker registered and the CQ armed.
-    fn poll_progress(&self, path: &mut Path, who: usize, cx: &mut Context<'_>) -> Poll<Result<()>> {
-        if self.progress(path, Some(who)) > 0 {
+    /// ended), `Pending` with the waker registered at `wait`'s place in `role`'s line and the
+    /// CQ armed.
+    fn poll_progress(
+        &self,
+        path: &mut Path,
+        role: Role,
+        wait: &mut Wait,
+        cx: &mut Context<'_>,
+    ) -> Poll<Result<()>> {
+        if self.progress(path, Some((role, wait.place))) > 0 {
             return Poll::Ready(Ok(()));
         }
-        self.wakers.set(who, cx.waker());
+        self.wakers.wait(role, &mut wait.place, cx.waker());
         let mut all = Context::from_waker(&self.all);
         match path.poll_wait(&mut all) {
             Poll::Pending => Poll::Pending,
             Poll::Ready(Ok(n)) => {
                 if n > 0 {
                     self.active.store(true, Ordering::Relaxed);
-                    self.wake_helped(path, Some(who));
+                    self.wake_helped(path, Some((role, wait.place)));
                 }
                 Poll::Ready(Ok(()))
             }
@@ -338,36 +356,47 @@ impl Wire {
         }
     }
 
+    /// The future of `wait` is done (or dropped): it leaves `role`'s line, and the next in
+    /// line is woken when it was first.
+    pub(crate) fn end_wait(&self, role: Role, wait: &mut Wait) {
+        wait.spin = None;
+        self.wakers.leave(role, &mut wait.place);
+    }
+
     // -----------------------------------------------------------------------------------
     // The halves
     // -----------------------------------------------------------------------------------
 
-    /// Posts a copy of `data` as one message once a send slot and (toward an evchan peer) a
-    /// credit are free; `Pending` until then, with nothing posted.
-    /// `*spin` is the busy poll's start, as in [`poll_recv`](Self::poll_recv).
+    /// Posts a copy of `data` as one message once it is `wait`'s turn among the senders and a
+    /// send slot and (toward an evchan peer) a credit are free; `Pending` until then, with
+    /// nothing posted. Senders go in the order they began to wait; `Ready` ends the wait
+    /// (the next sender in line is woken).
     pub(crate) fn poll_send(
         &self,
         cx: &mut Context<'_>,
         data: &[u8],
-        spin: &mut Option<Instant>,
+        wait: &mut Wait,
     ) -> Poll<Result<()>> {
         let mut path = self.lock();
-        loop {
+        let done = loop {
             if let Some(e) = path.send_error() {
-                *spin = None;
-                return Poll::Ready(Err(e));
+                break Err(e);
+            }
+            if !self
+                .wakers
+                .turn_or_wait(Role::Send, &mut wait.place, cx.waker())
+            {
+                // Another sender is first: it drives the CQ, and hands the turn on.
+                return Poll::Pending;
             }
             if path.can_send() {
                 match path.post_data(data) {
-                    Posted::Yes => {
-                        *spin = None;
-                        return Poll::Ready(Ok(()));
-                    }
+                    Posted::Yes => break Ok(()),
                     Posted::Failed => continue,
                     Posted::QueueFull => {}
                 }
             }
-            match self.busy_poll(path, SEND, spin, cx) {
+            match self.busy_poll(path, Role::Send, wait, cx) {
                 Spun::Found(p) => {
                     path = p;
                     continue;
@@ -375,29 +404,34 @@ impl Wire {
                 Spun::Yielded => return Poll::Pending,
                 Spun::Over(p) => path = p,
             }
-            std::task::ready!(self.poll_progress(&mut path, SEND, cx))?;
-        }
+            if let Err(e) = std::task::ready!(self.poll_progress(&mut path, Role::Send, wait, cx)) {
+                break Err(e);
+            }
+        };
+        drop(path);
+        self.end_wait(Role::Send, wait);
+        Poll::Ready(done)
     }
 
-    /// Busy polling (when `Config::busy_poll` is on and its window, which began at `*spin`,
-    /// or now, is not spent): up to [`SPINS_PER_YIELD`] polls of the CQ, then a yield. `who`:
-    /// the waiter spinning (it is not woken for what it reaps itself).
+    /// Busy polling (when `Config::busy_poll` is on and `wait`'s window, which began at its
+    /// first spin, is not spent): up to [`SPINS_PER_YIELD`] polls of the CQ, then a yield.
+    /// `role`: the waiter spinning (it is not woken for what it reaps itself).
     fn busy_poll<'a>(
         &'a self,
         mut path: MutexGuard<'a, Path>,
-        who: usize,
-        spin: &mut Option<Instant>,
+        role: Role,
+        wait: &mut Wait,
         cx: &mut Context<'_>,
     ) -> Spun<'a> {
         let Some(window) = self.busy_poll else {
             return Spun::Over(path);
         };
-        let start = *spin.get_or_insert_with(Instant::now);
+        let start = *wait.spin.get_or_insert_with(Instant::now);
         if start.elapsed() >= window {
             return Spun::Over(path);
         }
         for _ in 0..SPINS_PER_YIELD {
-            if self.progress(&mut path, Some(who)) > 0 {
+            if self.progress(&mut path, Some((role, wait.place))) > 0 {
                 return Spun::Found(path);
             }
             drop(path);
@@ -409,28 +443,26 @@ impl Wire {
         Spun::Yielded
     }
 
-    /// The next message, `None` once the peer closed cleanly; waits (busy within the busy-poll
-    /// window, which starts at `*spin` when set, then through the reactor).
+    /// The next message, `None` once the peer closed cleanly; waits (busy within `wait`'s
+    /// busy-poll window, then through the reactor). `Ready` ends the wait.
     pub(crate) fn poll_recv(
         self: &Arc<Self>,
         cx: &mut Context<'_>,
-        spin: &mut Option<Instant>,
+        wait: &mut Wait,
     ) -> Poll<Result<Option<Bytes>>> {
         let mut path = self.lock();
-        loop {
+        let done = loop {
             if let Some(slot) = path.received.pop_front() {
-                *spin = None;
                 let buf = RecvBuf {
                     slot: Some(slot),
                     wire: Arc::clone(self),
                 };
-                return Poll::Ready(Ok(Some(Bytes::from_owner(buf))));
+                break Ok(Some(Bytes::from_owner(buf)));
             }
             if let Some(end) = path.recv_end() {
-                *spin = None;
-                return Poll::Ready(end);
+                break end;
             }
-            match self.busy_poll(path, RECV, spin, cx) {
+            match self.busy_poll(path, Role::Recv, wait, cx) {
                 Spun::Found(p) => {
                     path = p;
                     continue;
@@ -438,8 +470,13 @@ impl Wire {
                 Spun::Yielded => return Poll::Pending,
                 Spun::Over(p) => path = p,
             }
-            std::task::ready!(self.poll_progress(&mut path, RECV, cx))?;
-        }
+            if let Err(e) = std::task::ready!(self.poll_progress(&mut path, Role::Recv, wait, cx)) {
+                break Err(e);
+            }
+        };
+        drop(path);
+        self.end_wait(Role::Recv, wait);
+        Poll::Ready(done)
     }
 
     /// The send half is gone or shut down: `FIN` after what was sent, now or when a control
@@ -470,30 +507,43 @@ impl Wire {
 
     /// Posts the `FIN` after everything sent (unless posted already) and waits for its
     /// completion (toward a plain peer: for every send's); `Ready` then, or once the
-    /// connection ended. Used by `close` and by the shard's background close.
-    pub(crate) fn poll_close(&self, cx: &mut Context<'_>) -> Poll<Result<()>> {
+    /// connection ended. Used by `close` and by the shard's background close, each with its
+    /// own `wait` in the closers' line.
+    pub(crate) fn poll_close(&self, cx: &mut Context<'_>, wait: &mut Wait) -> Poll<Result<()>> {
         let mut path = self.lock();
         if !path.want_fin {
             path.want_fin = true;
             path.flush_ctrl();
         }
-        loop {
+        let done = loop {
             if path.close_ready() {
-                return Poll::Ready(Ok(()));
+                break Ok(());
             }
-            std::task::ready!(self.poll_progress(&mut path, CLOSE, cx))?;
-        }
+            if let Err(e) = std::task::ready!(self.poll_progress(&mut path, Role::Close, wait, cx))
+            {
+                break Err(e);
+            }
+        };
+        drop(path);
+        self.end_wait(Role::Close, wait);
+        Poll::Ready(done)
     }
 
     /// `Ready` once no send of ours (nor the `FIN`) is in flight, or the connection ended.
-    pub(crate) fn poll_quiet(&self, cx: &mut Context<'_>) -> Poll<Result<()>> {
+    pub(crate) fn poll_quiet(&self, cx: &mut Context<'_>, wait: &mut Wait) -> Poll<Result<()>> {
         let mut path = self.lock();
-        loop {
+        let done = loop {
             if !path.sending() || path.objects.is_none() {
-                return Poll::Ready(Ok(()));
+                break Ok(());
             }
-            std::task::ready!(self.poll_progress(&mut path, CLOSE, cx))?;
-        }
+            if let Err(e) = std::task::ready!(self.poll_progress(&mut path, Role::Close, wait, cx))
+            {
+                break Err(e);
+            }
+        };
+        drop(path);
+        self.end_wait(Role::Close, wait);
+        Poll::Ready(done)
     }
 
     // -----------------------------------------------------------------------------------
@@ -560,6 +610,11 @@ impl Wire {
         };
         // The registration, the regions and the CQ go outside the lock.
         drop(objects);
+    }
+
+    /// `Config::busy_poll`'s window.
+    pub(crate) fn busy_poll_window(&self) -> Option<Duration> {
+        self.busy_poll
     }
 
     /// Whether a completion came since the last call.
@@ -831,19 +886,41 @@ impl Path {
         self.flush_ctrl();
     }
 
-    /// Arms the CQ and polls it once more, then sleeps on its channel's readiness with `cx`:
-    /// `Ready` with the completions found (handled), `Pending` when none came.
+    /// Arms the CQ and polls it once more, then sleeps on its channel's readiness with `cx`
+    /// (registered with the current runtime): `Ready` with the completions found (handled),
+    /// `Pending` when none came.
     fn poll_wait(&mut self, cx: &mut Context<'_>) -> Poll<Result<usize>> {
         let Some(objects) = self.objects.as_mut() else {
             return Poll::Ready(Ok(0));
         };
-        if objects.waiter.is_none() {
-            objects.waiter = Some(register(&objects.cq)?);
-        }
-        let (Some(waiter), wcs) = (objects.waiter.as_ref(), &mut self.wcs) else {
-            unreachable!("registered above")
+        let runtime = current_runtime()?;
+        let i = match objects.waiters.iter().position(|(id, _)| *id == runtime) {
+            Some(i) => i,
+            None => {
+                // A runtime that waits for the first time: the registrations of runtimes that
+                // are gone go first (a runtime per call would pile them up).
+                let cqs = [objects.cq.cq()];
+                let wcs = &mut self.wcs;
+                objects.waiters.retain(|(_, w)| {
+                    !matches!(
+                        w.waiter().poll_wait(&cqs, cx, |_, wc| wcs.push(wc)),
+                        Poll::Ready(Err(VerbsError::Io {
+                            call: "readiness",
+                            ..
+                        }))
+                    )
+                });
+                objects.waiters.push((runtime, register(&objects.cq)?));
+                if !self.wcs.is_empty() {
+                    let n = self.wcs.len();
+                    self.absorb();
+                    return Poll::Ready(Ok(n));
+                }
+                objects.waiters.len() - 1
+            }
         };
-        let cqs = [objects.cq.cq()];
+        let waiter = &objects.waiters[i].1;
+        let (cqs, wcs) = ([objects.cq.cq()], &mut self.wcs);
         match waiter.waiter().poll_wait(&cqs, cx, |_, wc| wcs.push(wc)) {
             Poll::Pending => {
                 self.registration_failed = false;
@@ -857,9 +934,9 @@ impl Path {
                 call: "readiness",
                 source,
             })) => {
-                // The runtime the channel was registered with is gone (the connection moved
-                // on): register it with this one, once.
-                objects.waiter = None;
+                // The runtime this registration was made with is gone (its id now another's):
+                // register with the current one, once.
+                objects.waiters.swap_remove(i);
                 if std::mem::replace(&mut self.registration_failed, true) {
                     return Poll::Ready(Err(Error::Io(source)));
                 }
@@ -961,13 +1038,18 @@ fn post_failed(e: &VerbsError) -> Lost {
     }
 }
 
+/// The current tokio runtime's id; a configuration error outside a runtime.
+fn current_runtime() -> Result<tokio::runtime::Id> {
+    match tokio::runtime::Handle::try_current() {
+        Ok(h) => Ok(h.id()),
+        Err(_) => Err(Error::Config(
+            "evchan connections send and receive within a tokio runtime".into(),
+        )),
+    }
+}
+
 /// The CQ's channel registered with the current tokio runtime.
 fn register(cq: &OwnedCq) -> Result<CqWaiter> {
-    if tokio::runtime::Handle::try_current().is_err() {
-        return Err(Error::Config(
-            "evchan connections send and receive within a tokio runtime".into(),
-        ));
-    }
     // tokio panics when the runtime has no I/O driver; that becomes a configuration error.
     let channel = cq.channel();
     match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| channel.waiter())) {

@@ -162,6 +162,17 @@ async fn drive<'s>(
     mut rx: mpsc::UnboundedReceiver<Cmd>,
     mut peer_rx: mpsc::UnboundedReceiver<Migrated<'s>>,
 ) -> io::Result<()> {
+    // tokio's wakers, for the data path's yields (`wire::yield_to_runtime`): this
+    // `block_on`'s, and a task's.
+    poll_fn(|cx| {
+        crate::wire::note_tokio_waker(cx.waker(), false);
+        Poll::Ready(())
+    })
+    .await;
+    tokio::spawn(poll_fn(|cx| {
+        crate::wire::note_tokio_waker(cx.waker(), true);
+        Poll::Ready(())
+    }));
     let channel = &env.channels[env.index];
     // Registered with this thread's reactor; it borrows the descriptor, which the runtime
     // thread closes only after this shard has returned.

@@ -12,7 +12,8 @@ use super::{Shard, DRAIN_TIMEOUT};
 use crate::error::{Error, Lost, Result};
 use crate::runtime::conn::{with_id, Conn, IdState, Phase};
 use crate::runtime::ConnId;
-use crate::wire::{Heard, Wire};
+use crate::wait::Role;
+use crate::wire::{Heard, Wait, Waiting, Wire};
 
 impl<'s> Shard<'s> {
     pub(super) fn remove(&mut self, conn: ConnId) -> Option<Conn<'s>> {
@@ -86,11 +87,16 @@ impl<'s> Shard<'s> {
         wire: Arc<Wire>,
         limit: Duration,
         heard: Heard,
-        poll: fn(&Wire, &mut Context<'_>) -> Poll<Result<()>>,
+        poll: fn(&Wire, &mut Context<'_>, &mut Wait) -> Poll<Result<()>>,
     ) {
         let tx = self.heard.clone();
         tokio::spawn(async move {
-            let _ = tokio::time::timeout(limit, poll_fn(|cx| poll(&wire, cx))).await;
+            {
+                // A wait that times out leaves the closers' line.
+                let mut waiting = Waiting::new(&wire, Role::Close);
+                let wait = poll_fn(|cx| poll(&wire, cx, &mut waiting.wait));
+                let _ = tokio::time::timeout(limit, wait).await;
+            }
             let _ = tx.send((conn, heard));
         });
     }
