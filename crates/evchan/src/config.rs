@@ -140,10 +140,14 @@ impl Config {
     }
 
     /// Busy-poll: a `recv` that finds nothing, and a `send` that finds no credit or send slot
-    /// free, polls the connection's completion queue without sleeping for `window` (like
-    /// rsocket's polling window), yielding to the tokio runtime every 64 polls (as
-    /// `tokio::task::yield_now` does), before it arms the queue and sleeps on its completion
-    /// channel.
+    /// free (the first in line, when several wait), polls the connection's completion queue
+    /// without sleeping for up to `window` from its first poll (like rsocket's polling
+    /// window), yielding to the tokio runtime after every 64 polls that found nothing (as
+    /// `tokio::task::yield_now` does; a future polled by another executor is woken at once
+    /// instead), before it arms the queue and sleeps on its completion channel. The window is
+    /// the future's: a dropped `recv` or `send` takes its window with it. (A
+    /// [`Stream`](crate::Stream) read or write, which has no future, starts a new window when
+    /// polled after more than `window`.)
     /// Off by default: it trades the CPU of the waiting task's thread for latency. Per
     /// connection (a listener's setting is its connections').
     #[must_use]

@@ -44,12 +44,15 @@ pub(crate) fn check_private_data(data: &[u8], max: usize) -> Result<()> {
 /// channel through tokio's reactor (or spins first, within [`Config::busy_poll`]'s window): no
 /// message passes through another task or thread.
 ///
-/// `Connection` is `Send + 'static`: move it into `tokio::spawn`, or [`split`](Self::split) it
-/// into halves for two tasks (of any runtime's worker threads: whichever half reaps a
-/// completion hands the other half what is its). The connection's completion channel is
-/// registered with the tokio runtime of the first task that waits on it, which must have its
-/// I/O driver enabled. Dropping the connection closes it gracefully in the background (what
-/// was sent is still delivered); [`close`](Self::close) does the same and waits.
+/// `Connection` is `Send + 'static`: move it into `tokio::spawn`, share it (`Arc`) between
+/// tasks that send, or [`split`](Self::split) it into halves for two tasks (of any runtime's
+/// worker threads: whichever half reaps a completion hands the other half what is its). Any
+/// number of tasks may `send` at once: they post in the order they began to wait, none is
+/// left asleep. The connection's completion channel is registered with each tokio runtime
+/// whose tasks wait on it (each must have its I/O driver enabled), so it can move between
+/// runtimes, or be used from several, and no wait depends on a runtime that sits idle.
+/// Dropping the connection closes it gracefully in the background (what was sent is still
+/// delivered); [`close`](Self::close) does the same and waits.
 ///
 /// # Examples
 ///
@@ -294,6 +297,23 @@ impl Connection {
         (self.send, self.recv)
     }
 
+    /// Moves the connection's QP to the error state, as a fatal device error would: a test
+    /// door (its work requests flush, and the connection ends with [`Lost::QpError`]). Not
+    /// part of the API.
+    ///
+    /// # Errors
+    /// [`Error::Verbs`] when `ibv_modify_qp` fails.
+    #[doc(hidden)]
+    pub fn __force_qp_error(&self) -> Result<()> {
+        self.send.__force_qp_error()
+    }
+
+    /// [`SendHalf::__route_qp_event`]: a test door, not part of the API.
+    #[doc(hidden)]
+    pub fn __route_qp_event(&self, kind: evchan_core::verbs::AsyncEventKind) -> bool {
+        self.send.__route_qp_event(kind)
+    }
+
     /// The peer's address.
     #[must_use]
     pub fn peer_addr(&self) -> Option<SocketAddr> {
@@ -336,8 +356,13 @@ impl SendHalf {
     /// Messages arrive in order. Returns once the message is posted (`data` is dropped then);
     /// [`Connection::close`] says whether everything posted was delivered.
     ///
+    /// Any number of `send`s may wait at once (on several tasks, or in one task's
+    /// `FuturesUnordered`): they post in the order they began to wait, each woken in turn; a
+    /// waiting `send` keeps its place in line until it completes or is dropped.
+    ///
     /// Cancel safety: cancel-safe. If the future is dropped before it completes, the message
-    /// was not posted and will not be sent; once it completes, it is posted.
+    /// was not posted and will not be sent, and the next `send` in line takes its turn; once
+    /// it completes, it is posted.
     ///
     /// # Errors
     /// [`Error::MessageTooLarge`] (nothing is sent), [`Error::PeerClosed`] after the peer
@@ -372,6 +397,23 @@ impl SendHalf {
     #[must_use]
     pub fn max_message_size(&self) -> usize {
         self.max_send
+    }
+
+    /// [`Connection::__force_qp_error`]: a test door, not part of the API.
+    ///
+    /// # Errors
+    /// As [`Connection::__force_qp_error`].
+    #[doc(hidden)]
+    pub fn __force_qp_error(&self) -> Result<()> {
+        self.wire.force_qp_error()
+    }
+
+    /// Hands the connection a QP async event of `kind` through the table the runtime routes
+    /// the devices' events by (as if the device had reported it): a test door, not part of
+    /// the API. `false` when the connection's QP is not in the table.
+    #[doc(hidden)]
+    pub fn __route_qp_event(&self, kind: evchan_core::verbs::AsyncEventKind) -> bool {
+        self.wire.route_qp_event(kind)
     }
 
     /// `send`'s poll, for the byte stream: posts the first `max_message_size` bytes of `buf`

@@ -4,7 +4,7 @@ use std::fmt;
 use std::io;
 
 use evchan_core::cm::RejectReason;
-use evchan_core::verbs::WcStatus;
+use evchan_core::verbs::{AsyncEventKind, WcStatus};
 
 use crate::proto::{HandshakeError, ProtocolError};
 
@@ -48,6 +48,15 @@ pub enum Lost {
     /// A verbs call on the connection failed.
     #[error("{0}")]
     Verbs(String),
+    /// The connection's QP entered the error state without a failed work request of its own:
+    /// the device reported a QP async event, or the QP's work requests were flushed while the
+    /// connection was not closing (something moved the QP to the error state).
+    #[error("the connection's QP failed ({})", qp_error_cause(*.event))]
+    QpError {
+        /// The async event (`IBV_EVENT_QP_FATAL`, `QP_REQ_ERR`, `QP_ACCESS_ERR`,
+        /// `PATH_MIG_ERR`); `None` when only flushed work requests showed it.
+        event: Option<AsyncEventKind>,
+    },
     /// An RDMA device went away (`DEVICE_REMOVAL`, or its verbs device node vanished). Every
     /// listener and connection of the runtime fails with it — those on other devices too —
     /// and their resources are released at once, so that the device can go; new handles start
@@ -199,5 +208,12 @@ impl fmt::Debug for Error {
             cause = c.source();
         }
         Ok(())
+    }
+}
+
+fn qp_error_cause(event: Option<AsyncEventKind>) -> String {
+    match event {
+        Some(kind) => format!("async event {kind:?}"),
+        None => "its work requests were flushed".into(),
     }
 }

@@ -136,8 +136,8 @@ impl Line {
 
 /// Wakers taken under a lock, woken after it: a few inline, the rest in a `Vec` (which
 /// allocates only past them).
-#[derive(Default)]
-struct Taken {
+#[derive(Debug, Default)]
+pub(crate) struct Taken {
     inline: [Option<Waker>; 4],
     len: usize,
     more: Vec<Waker>,
@@ -154,7 +154,11 @@ impl Taken {
         }
     }
 
-    fn wake(self) {
+    pub(crate) fn is_empty(&self) -> bool {
+        self.len == 0 && self.more.is_empty()
+    }
+
+    pub(crate) fn wake(self) {
         for w in self.inline.into_iter().flatten().chain(self.more) {
             w.wake();
         }
@@ -166,7 +170,10 @@ impl Taken {
 /// receiver, the first sender, every closer.
 ///
 /// Lock order: a caller may hold the data path's lock when it calls in here, never the other
-/// way round; wakers are woken after this lock is let go (a waker may poll inline).
+/// way round. No waker is woken under either lock: [`wake_lines`](Self::wake_lines) hands the
+/// wakers to its caller, to wake once the data path's lock is let go (a waker may run code
+/// that takes it: a task's last waker, dropped, may drop a received message, which gives its
+/// buffer back under that lock).
 #[derive(Debug, Default)]
 pub(crate) struct Waiters {
     lines: Mutex<[Line; 3]>,
@@ -229,13 +236,13 @@ impl Waiters {
         }
     }
 
-    /// Wakes what concerns the lines of `mask` (bits of [`Role::bit`]): the receiver, the first
-    /// sender, every closer; not `except`, the caller (a role and its place).
-    pub(crate) fn wake_lines(&self, mask: u8, except: Option<(Role, Place)>) {
+    /// The wakers of what concerns the lines of `mask` (bits of [`Role::bit`]), into `taken`:
+    /// the receiver, the first sender, every closer; not `except`, the caller (a role and its
+    /// place). The caller wakes them, after its locks.
+    pub(crate) fn wake_lines(&self, mask: u8, except: Option<(Role, Place)>, taken: &mut Taken) {
         if mask & self.held.load(Ordering::SeqCst) == 0 {
             return;
         }
-        let mut taken = Taken::default();
         {
             let mut lines = self.lock();
             for role in Role::ALL {
@@ -250,7 +257,6 @@ impl Waiters {
                 }
             }
         }
-        taken.wake();
     }
 
     /// How many futures wait in `role`'s line.
@@ -273,11 +279,13 @@ const ALL_LINES: u8 = Role::Recv.bit() | Role::Send.bit() | Role::Close.bit();
 
 impl Wake for Waiters {
     fn wake(self: Arc<Self>) {
-        self.wake_lines(ALL_LINES, None);
+        self.wake_by_ref();
     }
 
     fn wake_by_ref(self: &Arc<Self>) {
-        self.wake_lines(ALL_LINES, None);
+        let mut taken = Taken::default();
+        self.wake_lines(ALL_LINES, None, &mut taken);
+        taken.wake();
     }
 }
 
@@ -525,7 +533,13 @@ mod tests {
         for (f, p) in flags.iter().zip(&mut places) {
             waiters.wait(Role::Close, p, &Waker::from(Arc::clone(f)));
         }
-        waiters.wake_lines(Role::Close.bit(), Some((Role::Close, places[0])));
+        let mut taken = Taken::default();
+        waiters.wake_lines(
+            Role::Close.bit(),
+            Some((Role::Close, places[0])),
+            &mut taken,
+        );
+        taken.wake();
         let woken = flags.iter().filter(|f| f.0.load(Ordering::SeqCst)).count();
         assert_eq!(woken, 5);
         assert!(!flags[0].0.load(Ordering::SeqCst));

@@ -23,6 +23,7 @@
 //! ended, after the messages received before.
 
 use std::collections::VecDeque;
+use std::ops::{Deref, DerefMut};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::task::{Context, Poll, Waker};
@@ -41,7 +42,7 @@ use crate::error::{Error, Lost, Result};
 use crate::proto::{Credits, Kind};
 use crate::runtime::removal::Removal;
 use crate::runtime::ConnId;
-use crate::wait::{Place, Role, Waiters};
+use crate::wait::{Place, Role, Taken, Waiters};
 
 /// How many completions one poll of the CQ takes.
 const POLL_BATCH: usize = 32;
@@ -51,11 +52,11 @@ const SPINS_PER_YIELD: u32 = 64;
 /// What a busy poll ended with.
 enum Spun<'a> {
     /// Completions came: look again.
-    Found(MutexGuard<'a, Path>),
+    Found(Locked<'a>),
     /// None came; the task yielded to the runtime (and will be polled again): `Pending`.
     Yielded,
     /// Busy polling is off, or its window spent: wait through the reactor.
-    Over(MutexGuard<'a, Path>),
+    Over(Locked<'a>),
 }
 
 /// A yield to the runtime that hands the task to no other worker: tokio's `yield_now` wakes
@@ -167,6 +168,38 @@ impl Objects {
     }
 }
 
+/// The data path's lock. Letting it go wakes the wakers owed by what was done under it,
+/// after the lock: a waker may run code that takes it (see [`crate::wait::Waiters`]).
+struct Locked<'a>(Option<MutexGuard<'a, Path>>);
+
+impl Deref for Locked<'_> {
+    type Target = Path;
+
+    fn deref(&self) -> &Path {
+        self.0.as_ref().expect("held until dropped")
+    }
+}
+
+impl DerefMut for Locked<'_> {
+    fn deref_mut(&mut self) -> &mut Path {
+        self.0.as_mut().expect("held until dropped")
+    }
+}
+
+impl Drop for Locked<'_> {
+    fn drop(&mut self) {
+        let Some(mut guard) = self.0.take() else {
+            return;
+        };
+        if guard.owed.is_empty() {
+            return;
+        }
+        let owed = std::mem::take(&mut guard.owed);
+        drop(guard);
+        owed.wake();
+    }
+}
+
 /// What a posted work request was.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Wr {
@@ -255,6 +288,14 @@ struct Path {
     max_recv: u32,
     /// The readiness failed once since the last wait that slept: the next failure is an error.
     registration_failed: bool,
+    /// The shard disconnects (which moves the QP to the error state): flushes are expected.
+    ending: bool,
+    /// A work request was flushed in the batch being handled.
+    flushed: bool,
+    /// The device name and QP number its async events are routed by, while registered.
+    qp_key: Option<(String, u32)>,
+    /// Wakers owed, woken when the lock is let go ([`Locked`]).
+    owed: Taken,
     to_shard: ToShard,
     wcs: Vec<WorkCompletion>,
 }
@@ -289,6 +330,10 @@ impl Wire {
                 undelivered: false,
                 max_recv,
                 registration_failed: false,
+                ending: false,
+                flushed: false,
+                qp_key: None,
+                owed: Taken::default(),
                 to_shard,
                 wcs: Vec::with_capacity(POLL_BATCH),
             }),
@@ -299,8 +344,10 @@ impl Wire {
         })
     }
 
-    fn lock(&self) -> MutexGuard<'_, Path> {
-        self.path.lock().unwrap_or_else(PoisonError::into_inner)
+    fn lock(&self) -> Locked<'_> {
+        Locked(Some(
+            self.path.lock().unwrap_or_else(PoisonError::into_inner),
+        ))
     }
 
     /// Reaps what the CQ has; wakes the waiters that it helped, but `me` (the caller's role and
@@ -314,7 +361,8 @@ impl Wire {
         n
     }
 
-    fn wake_helped(&self, path: &Path, me: Option<(Role, Place)>) {
+    /// Owes the waiters that `path`'s state concerns a wake (woken when the lock goes).
+    fn wake_helped(&self, path: &mut Path, me: Option<(Role, Place)>) {
         let mut mask = 0u8;
         if !path.received.is_empty() || path.recv_end().is_some() {
             mask |= Role::Recv.bit();
@@ -322,10 +370,11 @@ impl Wire {
         if path.can_send() || path.stop.is_some() {
             mask |= Role::Send.bit();
         }
-        if path.close_ready() {
+        // The closers: `close` waits to be ready, the shard's deferred disconnect for quiet.
+        if path.close_ready() || !path.sending() {
             mask |= Role::Close.bit();
         }
-        self.wakers.wake_lines(mask, me);
+        self.wakers.wake_lines(mask, me, &mut path.owed);
     }
 
     /// Makes progress, or sleeps: `Ready` once something was reaped (or the connection
@@ -343,7 +392,17 @@ impl Wire {
         }
         self.wakers.wait(role, &mut wait.place, cx.waker());
         let mut all = Context::from_waker(&self.all);
-        match path.poll_wait(&mut all) {
+        let polled = if is_tokio_waker(cx.waker()) {
+            path.poll_wait(&mut all)
+        } else {
+            // Another executor's future, maybe inside a tokio task: tokio's budget for that
+            // task, spent, would defer the readiness' wake to a worker that never gets control
+            // back (the other executor's `block_on` holds it).
+            let unbudgeted =
+                tokio::task::unconstrained(std::future::poll_fn(|c| path.poll_wait(c)));
+            std::future::Future::poll(std::pin::pin!(unbudgeted), &mut all)
+        };
+        match polled {
             Poll::Pending => Poll::Pending,
             Poll::Ready(Ok(n)) => {
                 if n > 0 {
@@ -418,7 +477,7 @@ impl Wire {
     /// `role`: the waiter spinning (it is not woken for what it reaps itself).
     fn busy_poll<'a>(
         &'a self,
-        mut path: MutexGuard<'a, Path>,
+        mut path: Locked<'a>,
         role: Role,
         wait: &mut Wait,
         cx: &mut Context<'_>,
@@ -590,7 +649,7 @@ impl Wire {
             None => Stop::PeerClosed,
         };
         path.stop.get_or_insert(stop);
-        self.wake_helped(&path, None);
+        self.wake_helped(&mut path, None);
     }
 
     /// The shard destroyed the id (and with it the QP): the objects go now, and whoever waits
@@ -601,11 +660,20 @@ impl Wire {
             if path.sends_in_flight > 0 {
                 path.undelivered = true;
             }
+            if why == Lost::DeviceRemoved
+                && path.stop == Some(Stop::Lost(Lost::QpError { event: None }))
+            {
+                // The removal flushed the QP: it is the cause.
+                path.stop = Some(Stop::Lost(Lost::DeviceRemoved));
+            }
             path.stop.get_or_insert(Stop::Lost(why));
             path.posted_send.clear();
             path.posted_recv.clear();
+            if let Some((device, qp_num)) = path.qp_key.take() {
+                crate::runtime::qp_events::unregister(&device, qp_num, self);
+            }
             let objects = path.objects.take();
-            self.wake_helped(&path, None);
+            self.wake_helped(&mut path, None);
             objects
         };
         // The registration, the regions and the CQ go outside the lock.
@@ -615,6 +683,51 @@ impl Wire {
     /// `Config::busy_poll`'s window.
     pub(crate) fn busy_poll_window(&self) -> Option<Duration> {
         self.busy_poll
+    }
+
+    /// The QP's async events, read on `device`, come to this connection (see
+    /// [`qp_events`](crate::runtime::qp_events)).
+    pub(crate) fn route_qp_events(self: &Arc<Self>, device: &str) {
+        let mut path = self.lock();
+        if let Some(objects) = &path.objects {
+            let qp_num = objects.qp.qp_num();
+            crate::runtime::qp_events::register(device, qp_num, self);
+            path.qp_key = Some((device.to_owned(), qp_num));
+        }
+    }
+
+    /// A fatal async event of the QP: what came before is reaped (and delivered), then the
+    /// connection is lost.
+    pub(crate) fn on_qp_event(&self, kind: evchan_core::verbs::AsyncEventKind) {
+        let mut path = self.lock();
+        path.progress();
+        path.lose(Lost::QpError { event: Some(kind) });
+        self.wake_helped(&mut path, None);
+    }
+
+    /// Routes an event of `kind` to this connection's QP as the runtime routes the devices'
+    /// events (a test door); `false` when its QP is not registered.
+    pub(crate) fn route_qp_event(&self, kind: evchan_core::verbs::AsyncEventKind) -> bool {
+        let key = self.lock().qp_key.clone();
+        match key {
+            Some((device, qp_num)) => crate::runtime::qp_events::route(&device, qp_num, kind),
+            None => false,
+        }
+    }
+
+    /// The shard is about to disconnect: the flushes that follow are no loss.
+    pub(crate) fn ending(&self) {
+        self.lock().ending = true;
+    }
+
+    /// Moves the QP to the error state (a test door: see
+    /// [`Connection::__force_qp_error`](crate::Connection::__force_qp_error)).
+    pub(crate) fn force_qp_error(&self) -> Result<()> {
+        let path = self.lock();
+        match &path.objects {
+            Some(objects) => objects.qp.modify_to_error().map_err(Error::Verbs),
+            None => Ok(()),
+        }
     }
 
     /// Whether a completion came since the last call.
@@ -698,20 +811,36 @@ impl Path {
     }
 
     fn lose(&mut self, why: Lost) {
+        if let Some(Stop::Lost(Lost::QpError { event: None })) = &self.stop {
+            // Flushes said only that the QP failed: a more specific cause that follows (the
+            // failed work request, the async event, the device removal) is the cause.
+            if matches!(
+                why,
+                Lost::WorkCompletion(_) | Lost::QpError { event: Some(_) } | Lost::DeviceRemoved
+            ) {
+                self.stop = Some(Stop::Lost(self.removed_or(why)));
+            }
+            return;
+        }
         if self.stop.is_some() {
             return;
         }
-        let why = if self.to_shard.removal.is_retired() {
-            Lost::DeviceRemoved
-        } else {
-            why
-        };
+        let why = self.removed_or(why);
         tracing::debug!(conn = ?self.to_shard.conn, %why, "connection lost");
         self.stop = Some(Stop::Lost(why));
         if self.sends_in_flight > 0 {
             self.undelivered = true;
         }
         self.to_shard.tell(Heard::Lost);
+    }
+
+    /// `why`, or the device removal once the runtime retired for one.
+    fn removed_or(&self, why: Lost) -> Lost {
+        if self.to_shard.removal.is_retired() {
+            Lost::DeviceRemoved
+        } else {
+            why
+        }
     }
 
     /// Copies `data` into a free send slot and posts it (the caller checked [`can_send`]).
@@ -883,6 +1012,11 @@ impl Path {
             self.on_wc(&wc);
         }
         self.wcs = wcs;
+        // A flush while the connection is not ending: the QP entered the error state with no
+        // failed work request of ours to say why (a failed one in the same batch said it).
+        if std::mem::take(&mut self.flushed) && !self.ending {
+            self.lose(Lost::QpError { event: None });
+        }
         self.flush_ctrl();
     }
 
@@ -910,12 +1044,13 @@ impl Path {
                         }))
                     )
                 });
-                objects.waiters.push((runtime, register(&objects.cq)?));
                 if !self.wcs.is_empty() {
+                    // Found by the probes: handled first (registered by the next wait).
                     let n = self.wcs.len();
                     self.absorb();
                     return Poll::Ready(Ok(n));
                 }
+                objects.waiters.push((runtime, register(&objects.cq)?));
                 objects.waiters.len() - 1
             }
         };
@@ -934,8 +1069,8 @@ impl Path {
                 call: "readiness",
                 source,
             })) => {
-                // The runtime this registration was made with is gone (its id now another's):
-                // register with the current one, once.
+                // The runtime this registration was made with is gone: register with the
+                // current one, once.
                 objects.waiters.swap_remove(i);
                 if std::mem::replace(&mut self.registration_failed, true) {
                     return Poll::Ready(Err(Error::Io(source)));
@@ -999,7 +1134,9 @@ impl Path {
                 self.free_ctrl.push(slot);
             }
         }
-        if !ok && wc.status() != WcStatus::WrFlush {
+        if wc.status() == WcStatus::WrFlush {
+            self.flushed = true;
+        } else if !ok {
             self.lose(cm_map::wc_failure(
                 kind == Wr::Recv,
                 wc.status(),

@@ -291,8 +291,12 @@ async fn stream_request_reply_with_a_window_of_one() {
 }
 
 /// An echo server on its own thread and runtime, for the tests that run several runtimes of
-/// their own.
-fn echo_server(config: Config, port: u16) -> (std::net::SocketAddr, std::thread::JoinHandle<()>) {
+/// their own (or block a worker of theirs): each echo after `delay`.
+fn echo_server(
+    config: Config,
+    port: u16,
+    delay: Duration,
+) -> (std::net::SocketAddr, std::thread::JoinHandle<()>) {
     let (tx, rx) = std::sync::mpsc::channel();
     let handle = std::thread::spawn(move || {
         let rt = tokio::runtime::Builder::new_current_thread()
@@ -304,6 +308,7 @@ fn echo_server(config: Config, port: u16) -> (std::net::SocketAddr, std::thread:
             tx.send(listener.local_addr()).unwrap();
             let mut conn = listener.accept().await.unwrap().accept(b"").await.unwrap();
             while let Some(m) = conn.recv().await.unwrap() {
+                tokio::time::sleep(delay).await;
                 conn.send(m).await.unwrap();
             }
             conn.close().await.unwrap();
@@ -325,7 +330,7 @@ async fn ping(conn: &mut Connection, i: u32) {
 #[test]
 fn a_connection_used_from_two_runtimes_in_turn() {
     require_device!();
-    let (addr, server) = echo_server(Config::new(), port(10));
+    let (addr, server) = echo_server(Config::new(), port(10), Duration::ZERO);
     let rt = |()| {
         tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -397,7 +402,10 @@ fn foreign_block_on<F: Future>(fut: F, limit: Duration) -> F::Output {
 
 /// A `recv` with busy polling, run by a foreign executor on a tokio worker: its yields must
 /// wake it (tokio's deferred wake would come only once the worker gets control back, which
-/// the foreign `block_on` never gives it). Event-driven waits work there too.
+/// the foreign `block_on` never gives it). Event-driven waits work there too, past tokio's
+/// budget for one task poll. The echo server runs on a runtime of its own: a task of the
+/// blocked worker's (its LIFO slot) would wait as long as the block lasts, which is tokio's
+/// rule for any blocking call on a worker, not evchan's.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_foreign_block_on_on_a_tokio_worker() {
     require_device!();
@@ -406,23 +414,12 @@ async fn a_foreign_block_on_on_a_tokio_worker() {
         .enumerate()
     {
         let config = Config::new().busy_poll(busy);
-        let listener = step(
-            "bind",
-            Listener::bind(v4(port(20 + k as u16)), config.clone()),
-        )
-        .await
-        .unwrap();
-        let addr = listener.local_addr();
-        let server = tokio::spawn(async move {
-            let mut conn = listener.accept().await?.accept(b"").await?;
-            while let Some(m) = conn.recv().await? {
-                // Late enough that the client's recv yields many times first.
-                tokio::time::sleep(Duration::from_millis(5)).await;
-                conn.send(m).await?;
-            }
-            conn.close().await?;
-            Ok::<_, Error>(())
-        });
+        // Late enough that the client's recv yields many times first.
+        let (addr, server) = echo_server(
+            config.clone(),
+            port(20 + k as u16),
+            Duration::from_millis(2),
+        );
         let conn = step(
             "connect",
             Connection::builder().config(config).connect(addr),
@@ -431,7 +428,9 @@ async fn a_foreign_block_on_on_a_tokio_worker() {
         .unwrap();
         let client = tokio::spawn(async move {
             let mut conn = conn;
-            for i in 0..20u32 {
+            // More round trips than tokio's budget for one task poll (128): the sends complete
+            // at once, so the task never yields and its budget is never renewed.
+            for i in 0..200u32 {
                 let m = tagged(0, i, 16);
                 conn.send(m.clone()).await?;
                 let back = foreign_block_on(conn.recv(), Duration::from_secs(20))?;
@@ -440,6 +439,109 @@ async fn a_foreign_block_on_on_a_tokio_worker() {
             conn.close().await
         });
         step("client", client).await.unwrap().unwrap();
-        step("server", server).await.unwrap().unwrap();
+        tokio::task::spawn_blocking(move || server.join().unwrap())
+            .await
+            .unwrap();
     }
+}
+
+fn is_qp_error(r: &Result<impl std::fmt::Debug, Error>) -> bool {
+    matches!(r, Err(Error::ConnectionLost(evchan::Lost::QpError { .. })))
+}
+
+/// A live connection's QP moved to the error state (the test door, as a fatal device error
+/// would, with no failed work request of ours): a `recv` waiting on another task, then `send`,
+/// return `Lost::QpError` within a second; on a whole connection, `recv`, `send` and `close`
+/// do. Nothing is silently dropped: the flushes are the loss.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_qp_in_the_error_state_ends_the_connection_for_every_method() {
+    require_device!();
+    for (k, split) in [true, false].into_iter().enumerate() {
+        let listener = step(
+            "bind",
+            Listener::bind(v4(port(22 + k as u16)), Config::new()),
+        )
+        .await
+        .unwrap();
+        let addr = listener.local_addr();
+        // The peer echoes until its connection fails (our QP no longer answers it).
+        let server = tokio::spawn(async move {
+            let mut conn = listener.accept().await?.accept(b"").await?;
+            while let Some(m) = conn.recv().await? {
+                conn.send(m).await?;
+            }
+            Ok::<_, Error>(())
+        });
+        let mut conn = step("connect", Connection::connect(addr)).await.unwrap();
+        ping(&mut conn, 0).await;
+        let bound = Duration::from_secs(1);
+        if split {
+            let (send, mut recv) = conn.split();
+            let waiting = tokio::spawn(async move { recv.recv().await });
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            send.__force_qp_error().unwrap();
+            let r = tokio::time::timeout(bound, waiting).await;
+            let r = r.expect("the waiting recv did not end within 1 s").unwrap();
+            assert!(is_qp_error(&r), "recv: {r:?}");
+            let r = tokio::time::timeout(bound, send.send("x"))
+                .await
+                .expect("send");
+            assert!(is_qp_error(&r), "send: {r:?}");
+        } else {
+            conn.__force_qp_error().unwrap();
+            let r = tokio::time::timeout(bound, conn.recv())
+                .await
+                .expect("recv");
+            assert!(is_qp_error(&r), "recv: {r:?}");
+            let r = tokio::time::timeout(bound, conn.send("x"))
+                .await
+                .expect("send");
+            assert!(is_qp_error(&r), "send: {r:?}");
+            let r = tokio::time::timeout(bound, conn.close())
+                .await
+                .expect("close");
+            assert!(is_qp_error(&r), "close: {r:?}");
+        }
+        // The peer learns of it by its transport's retries; it ends either way.
+        let _ = step("server", server).await.unwrap();
+    }
+}
+
+fn fatal<T>(r: &Result<T, Error>) -> bool {
+    matches!(
+        r,
+        Err(Error::ConnectionLost(evchan::Lost::QpError {
+            event: Some(evchan::core::verbs::AsyncEventKind::QpFatal)
+        }))
+    )
+}
+
+/// A fatal QP async event, handed to the connection through the table the runtime routes the
+/// devices' events by (rxe raises none when a QP fails; the door stands in for the read):
+/// `recv`, `send` and `close` return `Lost::QpError` with the event.
+#[tokio::test]
+async fn a_fatal_qp_event_ends_the_connection_with_its_kind() {
+    require_device!();
+    use evchan::core::verbs::AsyncEventKind;
+    let (conn, server) = to_sink(Config::new(), port(24)).await;
+    let mut conn = conn;
+    step("send", conn.send(tagged(0, 0, 8))).await.unwrap();
+    assert!(
+        conn.__route_qp_event(AsyncEventKind::QpFatal),
+        "the QP is not in the table"
+    );
+    let bound = Duration::from_secs(1);
+    let r = tokio::time::timeout(bound, conn.recv())
+        .await
+        .expect("recv");
+    assert!(fatal(&r), "recv: {r:?}");
+    let r = tokio::time::timeout(bound, conn.send("x"))
+        .await
+        .expect("send");
+    assert!(fatal(&r), "send: {r:?}");
+    let r = tokio::time::timeout(bound, conn.close())
+        .await
+        .expect("close");
+    assert!(fatal(&r), "close: {r:?}");
+    let _ = step("sink", server).await.unwrap();
 }

@@ -310,6 +310,28 @@ impl QpHandle {
         self.0.is_open()
     }
 
+    /// `ibv_modify_qp` to `IBV_QPS_ERR`, as [`Qp::modify_to_error`](super::Qp::modify_to_error):
+    /// a test door, to make a live connection's QP fail as a fatal error would (its work
+    /// requests flush). Run it where nothing else modifies the QP at the same time (libibverbs
+    /// writes the QP's cached state unsynchronised).
+    ///
+    /// # Errors
+    /// [`Error::QpDestroyed`] once the id destroyed the QP; [`Error::Io`] with the
+    /// `ibv_modify_qp` error.
+    #[doc(hidden)]
+    pub fn modify_to_error(&self) -> Result<()> {
+        self.0.with(|qp| match qp {
+            Some(qp) => qp
+                .modify(&crate::ffi::verbs::QpModify {
+                    mask: 1,  // IBV_QP_STATE
+                    state: 6, // IBV_QPS_ERR
+                    ..Default::default()
+                })
+                .map_err(Error::io("ibv_modify_qp")),
+            None => Err(Error::QpDestroyed),
+        })
+    }
+
     /// `ibv_post_recv` into the whole of `slot`, as [`CmId::post_recv_slot`].
     ///
     /// # Errors

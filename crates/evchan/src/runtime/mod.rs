@@ -21,6 +21,7 @@
 
 mod conn;
 mod half_open;
+pub(crate) mod qp_events;
 pub(crate) mod removal;
 mod shard;
 
@@ -294,7 +295,8 @@ fn run(
             }
         }
         drop(peer_txs);
-        removal::watch(&threads, &names, rt, removal);
+        let contexts: Vec<&Context> = pds.iter().map(|pd| &**pd.context()).collect();
+        removal::watch(&threads, &names, &contexts, rt, removal);
     });
     removal.opened(&names);
     // Every connection's objects went with it (the shards released them all). Dropped now:

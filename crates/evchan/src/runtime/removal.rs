@@ -202,9 +202,13 @@ pub(crate) const WATCH_INTERVAL: Duration = Duration::from_millis(50);
 /// only after that does rdma_cm's `cma_process_remove` send `DEVICE_REMOVAL`. A process that
 /// waited for that event would wait for ever; the device node's disappearance is the one
 /// sign it gets.
+///
+/// Each turn also reads the devices' async events and routes the QP events to their
+/// connections ([`qp_events`](super::qp_events)).
 pub(super) fn watch<T>(
     shards: &[std::thread::ScopedJoinHandle<'_, T>],
     opened: &[String],
+    contexts: &[&Context],
     rt: &std::sync::Weak<Runtime>,
     removal: &Removal,
 ) {
@@ -215,6 +219,9 @@ pub(super) fn watch<T>(
         std::thread::sleep(WATCH_INTERVAL);
         if removal.is_retired() {
             continue;
+        }
+        for (name, ctx) in opened.iter().zip(contexts) {
+            super::qp_events::drain(name, ctx);
         }
         if let Some(gone) = node_gone(opened) {
             match rt.upgrade() {

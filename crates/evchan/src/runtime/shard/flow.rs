@@ -40,6 +40,9 @@ impl<'s> Shard<'s> {
     /// Disconnects and releases: the end of a close, a loss, or the peer's disconnect.
     pub(super) fn finish(&mut self, conn: ConnId, why: Lost) {
         if let Some(mut c) = self.remove(conn) {
+            if let Some(wire) = &c.wire {
+                wire.ending();
+            }
             c.id.disconnect();
             tracing::debug!(parent: &c.span, "disconnected and released");
             self.release(c, why);

@@ -225,7 +225,7 @@ impl<'s> Shard<'s> {
             );
         }
         let objects = Objects::new(qp, send_mr, recv_mr, cq);
-        c.wire = Some(Wire::new(
+        let wire = Wire::new(
             objects,
             free_data,
             free_ctrl,
@@ -233,7 +233,9 @@ impl<'s> Shard<'s> {
             config.max_message,
             config.busy_poll,
             to_shard,
-        ));
+        );
+        wire.route_qp_events(&name);
+        c.wire = Some(wire);
         c.device = Some(dev);
         Ok(())
     }
