@@ -13,12 +13,21 @@ use evchan_core::{CmEvent, CmId, EventChannel};
 
 const TIMEOUT: Duration = Duration::from_secs(5);
 
+const USAGE: &str = "usage: demo [IP]";
+
 fn main() -> ExitCode {
-    let ip: IpAddr = match std::env::args().nth(1).map(|a| a.parse()) {
-        None => Ipv4Addr::new(169, 254, 77, 1).into(),
-        Some(Ok(ip)) => ip,
-        Some(Err(e)) => {
-            eprintln!("demo: the argument must be an IP address: {e}");
+    let mut args = std::env::args().skip(1);
+    let ip: IpAddr = match (args.next(), args.next()) {
+        (None, _) => Ipv4Addr::new(169, 254, 77, 1).into(),
+        (Some(a), None) => match a.parse() {
+            Ok(ip) => ip,
+            Err(e) => {
+                eprintln!("demo: the argument must be an IP address, not `{a}`: {e}\n{USAGE}");
+                return ExitCode::from(2);
+            }
+        },
+        (Some(_), Some(extra)) => {
+            eprintln!("demo: unexpected argument `{extra}`\n{USAGE}");
             return ExitCode::from(2);
         }
     };

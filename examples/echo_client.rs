@@ -16,6 +16,7 @@
 //! a current-thread runtime instead (to compare: docs/BENCHMARKS.md).
 
 use std::net::SocketAddr;
+use std::ops::RangeInclusive;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
@@ -37,6 +38,30 @@ const NAME: &str = "echo_client";
 const USAGE: &str =
     "usage: echo_client [--addr IP:PORT] [--busy-poll-us N] [--current-thread] [--warm-up] [--connections N] [--messages M] [--size BYTES]";
 
+/// At most this many connections: each takes a local port.
+const MAX_CONNECTIONS: usize = 65_535;
+
+/// `n`, the value of `flag`, if within `range`; else the error naming the flag.
+fn within<T: PartialOrd + std::fmt::Display>(
+    flag: &str,
+    n: T,
+    range: RangeInclusive<T>,
+) -> Result<T, String> {
+    if n < *range.start() {
+        Err(format!(
+            "{flag} must be at least {}, not {n}\n{USAGE}",
+            range.start()
+        ))
+    } else if n > *range.end() {
+        Err(format!(
+            "{flag} must be at most {}, not {n}\n{USAGE}",
+            range.end()
+        ))
+    } else {
+        Ok(n)
+    }
+}
+
 fn parse_args() -> Result<Args, String> {
     let mut args = Args {
         addr: SocketAddr::from(([169, 254, 77, 1], 7471)),
@@ -56,17 +81,29 @@ fn parse_args() -> Result<Args, String> {
             "--busy-poll-us" => args.busy_poll_us = Some(value()?.parse().map_err(|e| bad(&e))?),
             "--current-thread" => args.current_thread = true,
             "--warm-up" => args.warm_up = true,
-            "--connections" => args.connections = value()?.parse().map_err(|e| bad(&e))?,
-            "--messages" => args.messages = value()?.parse().map_err(|e| bad(&e))?,
-            "--size" => args.size = value()?.parse().map_err(|e| bad(&e))?,
+            "--connections" => {
+                let n = value()?.parse().map_err(|e| bad(&e))?;
+                args.connections = within(&flag, n, 1..=MAX_CONNECTIONS)?;
+            }
+            "--messages" => {
+                let n = value()?.parse().map_err(|e| bad(&e))?;
+                args.messages = within(&flag, n, 1..=u64::MAX)?;
+            }
+            // The largest `max_message`.
+            "--size" => {
+                let n = value()?.parse().map_err(|e| bad(&e))?;
+                args.size = within(&flag, n, 1..=u32::MAX as usize)?;
+            }
             "-h" | "--help" => return Err(USAGE.to_owned()),
             other => return Err(format!("unknown argument `{other}`\n{USAGE}")),
         }
     }
-    if args.connections == 0 || args.messages == 0 || args.size == 0 {
-        return Err(format!(
-            "connections, messages and size must be at least 1\n{USAGE}"
-        ));
+    if args.addr.port() == 0 {
+        return Err(format!("--addr: port 0 cannot be connected to\n{USAGE}"));
+    }
+    // The round trips in all.
+    if args.messages.checked_mul(args.connections as u64).is_none() {
+        return Err(format!("--messages × --connections is too large\n{USAGE}"));
     }
     Ok(args)
 }

@@ -47,8 +47,14 @@ fn parse_args() -> Result<Args, String> {
             "--addr" => args.addr = value()?.parse().map_err(|e| bad(&e))?,
             "--busy-poll-us" => args.busy_poll_us = Some(value()?.parse().map_err(|e| bad(&e))?),
             "--current-thread" => args.current_thread = true,
-            "--exit-after" => args.exit_after = Some(value()?.parse().map_err(|e| bad(&e))?),
-            "--max-message" => args.max_message = value()?.parse().map_err(|e| bad(&e))?,
+            "--exit-after" => match value()?.parse().map_err(|e| bad(&e))? {
+                0 => return Err(format!("--exit-after must be at least 1, not 0\n{USAGE}")),
+                n => args.exit_after = Some(n),
+            },
+            "--max-message" => match value()?.parse().map_err(|e| bad(&e))? {
+                0 => return Err(format!("--max-message must be at least 1, not 0\n{USAGE}")),
+                n => args.max_message = n,
+            },
             "-h" | "--help" => return Err(USAGE.to_owned()),
             other => return Err(format!("unknown argument `{other}`\n{USAGE}")),
         }

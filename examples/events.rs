@@ -24,19 +24,31 @@ use evchan_core::{CmEvent, CmId, EventChannel};
 
 const TIMEOUT: Duration = Duration::from_secs(5);
 
+const USAGE: &str = "usage: events [IP[:PORT]]";
+
 fn main() -> ExitCode {
-    let addr = match std::env::args().nth(1) {
-        None => SocketAddr::from(([169, 254, 77, 1], 7472)),
-        Some(a) => match a
+    let mut args = std::env::args().skip(1);
+    let addr = match (args.next(), args.next()) {
+        (None, _) => SocketAddr::from(([169, 254, 77, 1], 7472)),
+        (Some(a), None) => match a
             .parse()
             .or_else(|_| a.parse().map(|ip| SocketAddr::new(ip, 7472)))
         {
+            // The client connects to the listener's port: 0 would be none.
+            Ok(addr) if addr.port() == 0 => {
+                eprintln!("events: the argument's port must not be 0\n{USAGE}");
+                return ExitCode::from(2);
+            }
             Ok(addr) => addr,
             Err(e) => {
-                eprintln!("events: the argument must be IP or IP:PORT: {e}");
+                eprintln!("events: the argument must be IP or IP:PORT, not `{a}`: {e}\n{USAGE}");
                 return ExitCode::from(2);
             }
         },
+        (Some(_), Some(extra)) => {
+            eprintln!("events: unexpected argument `{extra}`\n{USAGE}");
+            return ExitCode::from(2);
+        }
     };
     match run(addr) {
         Ok(()) => ExitCode::SUCCESS,

@@ -42,11 +42,19 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 mod tools_support;
-use tools_support::{emit, fail, us, Stats};
+use tools_support::{emit, fail, us, Cli, Stats};
 
 const PROGRAM: &str = "tools_cm";
 const USAGE: &str = "usage: tools_cm --layer raw|raw-percq|core|core-shared|async \
                      [--addr IP:PORT] [--connections N]";
+const CLI: Cli = Cli {
+    program: PROGRAM,
+    usage: USAGE,
+};
+/// The `--layer` values.
+const LAYERS: &[&str] = &["raw", "raw-percq", "core", "core-shared", "async"];
+/// At most this many connections: each takes a local port.
+const MAX_CONNECTIONS: usize = 65_535;
 /// cmtime's resolve timeout (`-t`, default 2000 ms) and retry count (`-r`, default 2).
 const TIMEOUT: Duration = Duration::from_millis(2000);
 const RETRIES: u8 = 2;
@@ -103,29 +111,20 @@ fn main() -> ExitCode {
     while let Some(flag) = it.next() {
         let value = it
             .next()
-            .unwrap_or_else(|| fail(PROGRAM, format!("{flag} needs a value\n{USAGE}")));
+            .unwrap_or_else(|| CLI.error(format_args!("{flag} needs a value")));
         match flag.as_str() {
-            "--layer" => layer = Some(value),
-            "--addr" => {
-                addr = value
-                    .parse()
-                    .unwrap_or_else(|e| fail(PROGRAM, format!("--addr: {e}")))
-            }
-            "--connections" => {
-                conns = value
-                    .parse()
-                    .ok()
-                    .filter(|n| *n > 0)
-                    .unwrap_or_else(|| fail(PROGRAM, "--connections takes a number ≥ 1"))
-            }
-            _ => fail(PROGRAM, format!("unknown argument `{flag}`\n{USAGE}")),
+            "--layer" if LAYERS.contains(&value.as_str()) => layer = Some(value),
+            "--layer" => CLI.error(format_args!("--layer: unknown layer `{value}`")),
+            "--addr" => addr = CLI.peer(&flag, &value),
+            "--connections" => conns = CLI.number(&flag, &value, 1..=MAX_CONNECTIONS),
+            _ => CLI.error(format_args!("unknown argument `{flag}`")),
         }
     }
     let Some(layer) = layer else {
-        fail(PROGRAM, USAGE)
+        CLI.error("--layer is needed")
     };
     let SocketAddr::V4(v4) = addr else {
-        fail(PROGRAM, "--addr: an IPv4 address (cmtime's form)")
+        CLI.error("--addr: an IPv4 address (cmtime's form)")
     };
     if !tools_support::device_present(PROGRAM) {
         return ExitCode::SUCCESS;

@@ -45,12 +45,22 @@ use evchan::{Config, Connection, Error, Listener};
 mod tools_drain;
 mod tools_support;
 use tools_drain::{drain, spin};
-use tools_support::{emit, fail};
+use tools_support::{emit, fail, Cli};
 
 const PROGRAM: &str = "tools_events";
 const USAGE: &str =
     "usage: tools_events --channels N [--layer async|core|drain|spin] [--connections C] \
                      [--in-flight K] [--rounds R] [--addr IP:PORT]";
+const CLI: Cli = Cli {
+    program: PROGRAM,
+    usage: USAGE,
+};
+/// At most this many channels: each has a thread of its own.
+const MAX_CHANNELS: usize = 1024;
+/// At most this many connections: each takes a local port.
+const MAX_CONNECTIONS: usize = 65_535;
+/// At most this many `drain` or `spin` rounds: each thread keeps every round's figures.
+const MAX_ROUNDS: usize = 1_000_000;
 /// CM events per connection, both sides (see the file's doc).
 const EVENTS_PER_CONNECTION: usize = 7;
 
@@ -65,49 +75,41 @@ fn main() -> ExitCode {
     while let Some(flag) = it.next() {
         let value = it
             .next()
-            .unwrap_or_else(|| fail(PROGRAM, format!("{flag} needs a value\n{USAGE}")));
-        let bad =
-            |e: &dyn std::fmt::Display| -> ! { fail(PROGRAM, format!("{flag}: {e}\n{USAGE}")) };
+            .unwrap_or_else(|| CLI.error(format_args!("{flag} needs a value")));
+        let v = value.as_str();
         match flag.as_str() {
-            "--channels" => channels = value.parse().unwrap_or_else(|e| bad(&e)),
-            "--connections" => conns = value.parse().unwrap_or_else(|e| bad(&e)),
-            "--layer" => layer = value,
-            "--in-flight" => in_flight = Some(value.parse().unwrap_or_else(|e| bad(&e))),
-            "--rounds" => rounds = Some(value.parse().unwrap_or_else(|e| bad(&e))),
-            "--addr" => addr = value.parse().unwrap_or_else(|e| bad(&e)),
-            _ => fail(PROGRAM, format!("unknown argument `{flag}`\n{USAGE}")),
+            "--channels" => channels = CLI.number(&flag, v, 1..=MAX_CHANNELS),
+            "--connections" => conns = CLI.number(&flag, v, 1..=MAX_CONNECTIONS),
+            "--layer" if matches!(v, "async" | "core" | "drain" | "spin") => layer = value,
+            "--layer" => CLI.error(format_args!("--layer: unknown layer `{v}`")),
+            "--in-flight" => in_flight = Some(CLI.number(&flag, v, 1..=MAX_CONNECTIONS)),
+            "--rounds" => rounds = Some(CLI.number(&flag, v, 1..=MAX_ROUNDS)),
+            "--addr" => addr = CLI.addr(&flag, v),
+            _ => CLI.error(format_args!("unknown argument `{flag}`")),
         }
     }
-    if !matches!(layer.as_str(), "async" | "core" | "drain" | "spin") {
-        fail(PROGRAM, format!("unknown layer `{layer}`\n{USAGE}"));
+    if channels == 0 {
+        CLI.error("--channels is needed");
     }
     let rounds_layer = matches!(layer.as_str(), "drain" | "spin");
     if rounds_layer && in_flight.is_some() {
-        fail(
-            PROGRAM,
-            format!("--in-flight is not for --layer {layer}\n{USAGE}"),
-        );
+        CLI.error(format_args!("--in-flight is not for --layer {layer}"));
     }
     if !rounds_layer && rounds.is_some() {
-        fail(
-            PROGRAM,
-            format!("--rounds is only for --layer drain and spin\n{USAGE}"),
-        );
+        CLI.error("--rounds is only for --layer drain and spin");
     }
     let (in_flight, rounds) = (in_flight.unwrap_or(32usize), rounds.unwrap_or(32usize));
-    if channels == 0 || conns == 0 || in_flight == 0 || rounds == 0 {
-        fail(
-            PROGRAM,
-            format!(
-                "--channels, --connections, --in-flight and --rounds must be at least 1\n{USAGE}"
-            ),
-        );
-    }
     if rounds_layer && conns < channels {
-        fail(
-            PROGRAM,
-            format!("--layer {layer} needs at least one connection per channel\n{USAGE}"),
-        );
+        CLI.error(format_args!(
+            "--layer {layer} needs at least one connection per channel"
+        ));
+    }
+    // `async` listens on `--addr` and connects to it; `core`'s thread t on its port + 1 + t.
+    if layer == "async" && addr.port() == 0 {
+        CLI.error("--addr: port 0 cannot be connected to (--layer async)");
+    }
+    if layer == "core" && usize::from(addr.port()) + channels > usize::from(u16::MAX) {
+        CLI.error("--addr: its port + --channels must be at most 65535 (--layer core)");
     }
     if layer == "spin" {
         spin(channels, conns, rounds);

@@ -35,12 +35,18 @@ use evchan::{Config, Connection, Error, Listener};
 
 mod tools_pingpong_core;
 mod tools_support;
-use tools_support::{emit, fail, us, Stats};
+use tools_support::{emit, fail, us, Cli, Stats};
 
 pub(crate) const PROGRAM: &str = "tools_pingpong";
 const USAGE: &str = "usage: tools_pingpong --serve IP:PORT | --connect IP:PORT [--iters N] \
                      [--size BYTES] [--busy-poll-us N] [--warmup N] [--multi-thread] [--spawn] \
                      [--layer async|core] [--tokio]";
+const CLI: Cli = Cli {
+    program: PROGRAM,
+    usage: USAGE,
+};
+/// At most this many timed round trips (each one's time is kept), and untimed ones.
+const MAX_ITERS: usize = 10_000_000;
 
 #[derive(Clone)]
 struct Args {
@@ -56,7 +62,8 @@ struct Args {
     tokio: bool,
 }
 
-fn main() -> ExitCode {
+/// The command line, checked; a bad one exits with the usage (status 2).
+fn parse_args() -> Args {
     let mut a = Args {
         serve: None,
         connect: None,
@@ -89,35 +96,45 @@ fn main() -> ExitCode {
         }
         let value = it
             .next()
-            .unwrap_or_else(|| fail(PROGRAM, format!("{flag} needs a value\n{USAGE}")));
-        let bad =
-            |e: &dyn std::fmt::Display| -> ! { fail(PROGRAM, format!("{flag}: {e}\n{USAGE}")) };
-        let number = |v: &str| v.parse::<usize>().unwrap_or_else(|e| bad(&e));
+            .unwrap_or_else(|| CLI.error(format_args!("{flag} needs a value")));
+        let v = value.as_str();
         match flag.as_str() {
-            "--serve" => a.serve = Some(value.parse().unwrap_or_else(|e| bad(&e))),
-            "--connect" => a.connect = Some(value.parse().unwrap_or_else(|e| bad(&e))),
-            "--iters" => a.iters = number(&value).max(1),
-            "--size" => a.size = number(&value).max(1),
-            "--warmup" => a.warmup = number(&value),
-            "--layer" => match value.as_str() {
+            "--serve" => a.serve = Some(CLI.addr(&flag, v)),
+            "--connect" => a.connect = Some(CLI.peer(&flag, v)),
+            "--iters" => a.iters = CLI.number(&flag, v, 1..=MAX_ITERS),
+            // The largest `max_message`.
+            "--size" => a.size = CLI.number(&flag, v, 1..=u32::MAX as usize),
+            "--warmup" => a.warmup = CLI.number(&flag, v, 0..=MAX_ITERS),
+            "--layer" => match v {
                 "async" => a.core = false,
                 "core" => a.core = true,
-                _ => bad(&"async or core"),
+                _ => CLI.error(format_args!("--layer: async or core, not `{v}`")),
             },
             "--busy-poll-us" => {
-                a.busy_poll = Some(Duration::from_micros(number(&value) as u64));
+                a.busy_poll = Some(Duration::from_micros(CLI.number(&flag, v, 0..=u64::MAX)));
             }
-            _ => fail(PROGRAM, format!("unknown argument `{flag}`\n{USAGE}")),
+            _ => CLI.error(format_args!("unknown argument `{flag}`")),
         }
     }
+    if a.serve.is_some() == a.connect.is_some() {
+        CLI.error("either --serve or --connect is needed, not both");
+    }
+    if a.tokio && !a.core {
+        CLI.error("--tokio is for --layer core");
+    }
+    if a.core && (a.multi_thread || a.spawn) {
+        CLI.error("--multi-thread and --spawn are for --layer async");
+    }
+    a
+}
+
+fn main() -> ExitCode {
+    let a = parse_args();
     if !tools_support::device_present(PROGRAM) {
         return ExitCode::SUCCESS;
     }
     if a.core {
         return core(&a);
-    }
-    if a.tokio {
-        fail(PROGRAM, format!("--tokio is for --layer core\n{USAGE}"));
     }
     let config = Config::new()
         .shards(1)

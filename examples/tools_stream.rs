@@ -28,11 +28,21 @@ use bytes::Bytes;
 use evchan::{Config, Connection, Error, Listener};
 
 mod tools_support;
-use tools_support::{emit, fail};
+use tools_support::{emit, fail, Cli};
 
 const PROGRAM: &str = "tools_stream";
 const USAGE: &str = "usage: tools_stream --serve IP:PORT | --connect IP:PORT [--conns K] \
                      [--size BYTES] [--count M] [--busy-poll-us N] [--depth D] [--workers W]";
+const CLI: Cli = Cli {
+    program: PROGRAM,
+    usage: USAGE,
+};
+/// At most this many connections: each takes a local port.
+const MAX_CONNS: usize = 65_535;
+/// `Config`'s bound on `recv_depth` and `send_depth`.
+const MAX_DEPTH: u32 = 8192;
+/// At most this many runtime workers (threads).
+const MAX_WORKERS: usize = 1024;
 
 struct Args {
     serve: Option<SocketAddr>,
@@ -45,7 +55,8 @@ struct Args {
     workers: usize,
 }
 
-fn main() -> ExitCode {
+/// The command line, checked; a bad one exits with the usage (status 2).
+fn parse_args() -> Args {
     let mut a = Args {
         serve: None,
         connect: None,
@@ -60,22 +71,36 @@ fn main() -> ExitCode {
     while let Some(flag) = it.next() {
         let value = it
             .next()
-            .unwrap_or_else(|| fail(PROGRAM, format!("{flag} needs a value\n{USAGE}")));
-        let bad =
-            |e: &dyn std::fmt::Display| -> ! { fail(PROGRAM, format!("{flag}: {e}\n{USAGE}")) };
-        let number = |v: &str| v.parse::<u64>().unwrap_or_else(|e| bad(&e)).max(1);
+            .unwrap_or_else(|| CLI.error(format_args!("{flag} needs a value")));
+        let v = value.as_str();
         match flag.as_str() {
-            "--serve" => a.serve = Some(value.parse().unwrap_or_else(|e| bad(&e))),
-            "--connect" => a.connect = Some(value.parse().unwrap_or_else(|e| bad(&e))),
-            "--conns" => a.conns = number(&value) as usize,
-            "--size" => a.size = number(&value) as usize,
-            "--count" => a.count = number(&value),
-            "--depth" => a.depth = Some(u32::try_from(number(&value)).unwrap_or(u32::MAX)),
-            "--workers" => a.workers = number(&value) as usize,
-            "--busy-poll-us" => a.busy_poll = Some(Duration::from_micros(number(&value))),
-            _ => fail(PROGRAM, format!("unknown argument `{flag}`\n{USAGE}")),
+            "--serve" => a.serve = Some(CLI.addr(&flag, v)),
+            "--connect" => a.connect = Some(CLI.peer(&flag, v)),
+            "--conns" => a.conns = CLI.number(&flag, v, 1..=MAX_CONNS),
+            // The largest `max_message`.
+            "--size" => a.size = CLI.number(&flag, v, 1..=u32::MAX as usize),
+            "--count" => a.count = CLI.number(&flag, v, 1..=u64::MAX),
+            "--depth" => a.depth = Some(CLI.number(&flag, v, 1..=MAX_DEPTH)),
+            "--workers" => a.workers = CLI.number(&flag, v, 1..=MAX_WORKERS),
+            "--busy-poll-us" => {
+                a.busy_poll = Some(Duration::from_micros(CLI.number(&flag, v, 1..=u64::MAX)));
+            }
+            _ => CLI.error(format_args!("unknown argument `{flag}`")),
         }
     }
+    if a.serve.is_some() == a.connect.is_some() {
+        CLI.error("either --serve or --connect is needed, not both");
+    }
+    // The result line's totals: messages, and their bytes.
+    let total = a.count.checked_mul(a.conns as u64);
+    if total.and_then(|m| m.checked_mul(a.size as u64)).is_none() {
+        CLI.error("--count × --conns × --size is too large");
+    }
+    a
+}
+
+fn main() -> ExitCode {
+    let a = parse_args();
     if !tools_support::device_present(PROGRAM) {
         return ExitCode::SUCCESS;
     }

@@ -8,6 +8,9 @@
 #![allow(dead_code)] // each example uses a part
 
 use std::fmt::Write as _;
+use std::net::SocketAddr;
+use std::ops::RangeInclusive;
+use std::str::FromStr;
 use std::time::Duration;
 
 /// Summary of a set of samples, in microseconds.
@@ -93,6 +96,59 @@ pub fn device_present(program: &str) -> bool {
 pub fn fail(program: &str, what: impl std::fmt::Display) -> ! {
     eprintln!("{program}: {what}");
     std::process::exit(1);
+}
+
+/// A program's command line, for its errors: each one line naming the flag, then the usage,
+/// on stderr; exit status 2. Checked before [`device_present`], so a bad command line is an
+/// error even where there is no device.
+#[derive(Debug, Clone, Copy)]
+pub struct Cli {
+    pub program: &'static str,
+    pub usage: &'static str,
+}
+
+impl Cli {
+    /// A bad command line: `program: what`, then the usage; exit status 2.
+    pub fn error(&self, what: impl std::fmt::Display) -> ! {
+        eprintln!("{}: {what}\n{}", self.program, self.usage);
+        std::process::exit(2);
+    }
+
+    /// `flag`'s value as a number within `range`; else an [`error`](Self::error) naming it.
+    pub fn number<T>(&self, flag: &str, value: &str, range: RangeInclusive<T>) -> T
+    where
+        T: FromStr + PartialOrd + std::fmt::Display,
+        T::Err: std::fmt::Display,
+    {
+        match value.parse::<T>() {
+            Err(e) => self.error(format_args!("{flag}: {e}: `{value}`")),
+            Ok(n) if n < *range.start() => self.error(format_args!(
+                "{flag} must be at least {}, not {n}",
+                range.start()
+            )),
+            Ok(n) if n > *range.end() => self.error(format_args!(
+                "{flag} must be at most {}, not {n}",
+                range.end()
+            )),
+            Ok(n) => n,
+        }
+    }
+
+    /// `flag`'s value as an address (`IP:PORT`).
+    pub fn addr(&self, flag: &str, value: &str) -> SocketAddr {
+        value
+            .parse()
+            .unwrap_or_else(|e| self.error(format_args!("{flag}: {e}: `{value}`")))
+    }
+
+    /// `flag`'s value as an address to connect to: a port of 0 is none.
+    pub fn peer(&self, flag: &str, value: &str) -> SocketAddr {
+        let a = self.addr(flag, value);
+        if a.port() == 0 {
+            self.error(format_args!("{flag}: port 0 cannot be connected to"));
+        }
+        a
+    }
 }
 
 #[cfg(test)]
