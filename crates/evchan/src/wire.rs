@@ -574,25 +574,25 @@ impl Wire {
             path.want_fin = true;
             path.flush_ctrl();
         }
-        let done = loop {
-            if path.close_ready() {
-                break Ok(());
-            }
-            if let Err(e) = std::task::ready!(self.poll_progress(&mut path, Role::Close, wait, cx))
-            {
-                break Err(e);
-            }
-        };
-        drop(path);
-        self.end_wait(Role::Close, wait);
-        Poll::Ready(done)
+        self.poll_closer(path, cx, wait, Path::close_ready)
     }
 
     /// `Ready` once no send of ours (nor the `FIN`) is in flight, or the connection ended.
     pub(crate) fn poll_quiet(&self, cx: &mut Context<'_>, wait: &mut Wait) -> Poll<Result<()>> {
-        let mut path = self.lock();
-        let done = loop {
-            if !path.sending() || path.objects.is_none() {
+        let path = self.lock();
+        self.poll_closer(path, cx, wait, |p| !p.sending() || p.objects.is_none())
+    }
+
+    /// A closer's wait (in the closers' line) until `done`.
+    fn poll_closer(
+        &self,
+        mut path: Locked<'_>,
+        cx: &mut Context<'_>,
+        wait: &mut Wait,
+        done: impl Fn(&Path) -> bool,
+    ) -> Poll<Result<()>> {
+        let result = loop {
+            if done(&path) {
                 break Ok(());
             }
             if let Err(e) = std::task::ready!(self.poll_progress(&mut path, Role::Close, wait, cx))
@@ -602,7 +602,7 @@ impl Wire {
         };
         drop(path);
         self.end_wait(Role::Close, wait);
-        Poll::Ready(done)
+        Poll::Ready(result)
     }
 
     // -----------------------------------------------------------------------------------
@@ -700,6 +700,10 @@ impl Wire {
     /// connection is lost.
     pub(crate) fn on_qp_event(&self, kind: evchan_core::verbs::AsyncEventKind) {
         let mut path = self.lock();
+        if path.ending {
+            // The shard disconnects it already: a provider's event of the teardown.
+            return;
+        }
         path.progress();
         path.lose(Lost::QpError { event: Some(kind) });
         self.wake_helped(&mut path, None);
@@ -811,13 +815,17 @@ impl Path {
     }
 
     fn lose(&mut self, why: Lost) {
-        if let Some(Stop::Lost(Lost::QpError { event: None })) = &self.stop {
-            // Flushes said only that the QP failed: a more specific cause that follows (the
-            // failed work request, the async event, the device removal) is the cause.
-            if matches!(
-                why,
-                Lost::WorkCompletion(_) | Lost::QpError { event: Some(_) } | Lost::DeviceRemoved
-            ) {
+        if let Some(Stop::Lost(Lost::QpError { event })) = &self.stop {
+            // Flushes, or an async event, said only that the QP failed: a more specific cause
+            // that follows is the cause — the failed work request (a device may report the
+            // event before it writes the error completion), or, after flushes, the event or
+            // the device's removal.
+            let more_specific = match why {
+                Lost::WorkCompletion(_) => true,
+                Lost::QpError { event: Some(_) } | Lost::DeviceRemoved => event.is_none(),
+                _ => false,
+            };
+            if more_specific {
                 self.stop = Some(Stop::Lost(self.removed_or(why)));
             }
             return;

@@ -11,6 +11,11 @@
 //! away from evchan.
 //!
 //! The other QP events (`COMM_EST`, `SQ_DRAINED`, `QP_LAST_WQE_REACHED`) are logged only.
+//!
+//! evchan-core acks a QP event as it reads it (so that no destroy waits for it): between the
+//! read and the routing, the QP may be destroyed and its number given to a new QP of the
+//! same device, which would then get the event. Providers hand QP numbers out in turn, so
+//! that takes a whole cycle of numbers within microseconds.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError, Weak};
