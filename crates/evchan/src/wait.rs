@@ -122,15 +122,18 @@ impl Line {
         first.waker.take()
     }
 
-    /// Every waiter's waker but `except`'s, to `out`.
+    /// Every waiter's waker but `except`'s, to `out`; their places go (a line whose waiters
+    /// need no order: each woken one that finds nothing waits again, at the back).
     pub(crate) fn take_all(&mut self, except: Place, mut out: impl FnMut(Waker)) {
-        for e in &mut self.entries {
-            if except != Some(e.key) {
-                if let Some(w) = e.waker.take() {
-                    out(w);
-                }
+        self.entries.retain_mut(|e| {
+            if except == Some(e.key) {
+                return true;
             }
-        }
+            if let Some(w) = e.waker.take() {
+                out(w);
+            }
+            false
+        });
     }
 }
 
@@ -223,6 +226,11 @@ impl Waiters {
     /// woken when it was first.
     pub(crate) fn leave(&self, role: Role, place: &mut Place) {
         if place.is_none() {
+            return;
+        }
+        if self.held.load(Ordering::SeqCst) & role.bit() == 0 {
+            // The line is empty: a wake took the place already.
+            *place = None;
             return;
         }
         let next = {
@@ -519,10 +527,12 @@ mod tests {
         out.drain(..).for_each(Waker::wake);
         assert!(flags[0].0.load(Ordering::SeqCst) && flags[2].0.load(Ordering::SeqCst));
         assert!(!flags[1].0.load(Ordering::SeqCst));
-        assert_eq!(line.len(), 3);
-        // Woken once: a second wake finds no waker until they wait again.
+        // The woken left the line; the caller keeps its place.
+        assert_eq!(line.len(), 1);
+        assert!(line.is_turn(places[1]));
         line.take_all(None, |w| out.push(w));
         assert_eq!(out.len(), 1);
+        assert!(line.is_empty());
     }
 
     #[test]
@@ -543,6 +553,11 @@ mod tests {
         let woken = flags.iter().filter(|f| f.0.load(Ordering::SeqCst)).count();
         assert_eq!(woken, 5);
         assert!(!flags[0].0.load(Ordering::SeqCst));
+        assert_eq!(
+            waiters.waiting(Role::Close),
+            1,
+            "the spared closer keeps its place"
+        );
         // The readiness waker wakes the first sender only: the first found the line empty
         // (its turn), found no slot and waits; the others line up behind it.
         let senders: Vec<_> = (0..3).map(|_| Arc::new(Flag::default())).collect();
@@ -559,9 +574,12 @@ mod tests {
         waiters.leave(Role::Send, &mut sp[0]);
         assert!(senders[1].0.load(Ordering::SeqCst));
         assert!(waiters.turn_or_wait(Role::Send, &mut sp[1], &wakers[1]));
-        for (i, p) in places.iter_mut().enumerate() {
+        // The woken closers left the line (the readiness woke the spared one too).
+        assert_eq!(waiters.waiting(Role::Close), 0);
+        for p in &mut places {
             waiters.leave(Role::Close, p);
-            assert_eq!(waiters.waiting(Role::Close), 5 - i);
+            assert!(p.is_none());
         }
+        assert_eq!(waiters.waiting(Role::Close), 0);
     }
 }

@@ -169,34 +169,45 @@ impl Objects {
 }
 
 /// The data path's lock. Letting it go wakes the wakers owed by what was done under it,
-/// after the lock: a waker may run code that takes it (see [`crate::wait::Waiters`]).
-struct Locked<'a>(Option<MutexGuard<'a, Path>>);
+/// after the lock: a waker may run code that takes it (see [`crate::wait::Waiters`]). The
+/// fields drop in order: the guard (the lock goes), then the wakers taken out of the path by
+/// `Drop::drop`, which wake as they go.
+struct Locked<'a> {
+    guard: MutexGuard<'a, Path>,
+    owed: Owed,
+}
+
+/// Wakers to wake when dropped.
+#[derive(Default)]
+struct Owed(Taken);
+
+impl Drop for Owed {
+    fn drop(&mut self) {
+        if !self.0.is_empty() {
+            std::mem::take(&mut self.0).wake();
+        }
+    }
+}
 
 impl Deref for Locked<'_> {
     type Target = Path;
 
     fn deref(&self) -> &Path {
-        self.0.as_ref().expect("held until dropped")
+        &self.guard
     }
 }
 
 impl DerefMut for Locked<'_> {
     fn deref_mut(&mut self) -> &mut Path {
-        self.0.as_mut().expect("held until dropped")
+        &mut self.guard
     }
 }
 
 impl Drop for Locked<'_> {
     fn drop(&mut self) {
-        let Some(mut guard) = self.0.take() else {
-            return;
-        };
-        if guard.owed.is_empty() {
-            return;
+        if !self.guard.owed.is_empty() {
+            self.owed.0 = std::mem::take(&mut self.guard.owed);
         }
-        let owed = std::mem::take(&mut guard.owed);
-        drop(guard);
-        owed.wake();
     }
 }
 
@@ -345,9 +356,10 @@ impl Wire {
     }
 
     fn lock(&self) -> Locked<'_> {
-        Locked(Some(
-            self.path.lock().unwrap_or_else(PoisonError::into_inner),
-        ))
+        Locked {
+            guard: self.path.lock().unwrap_or_else(PoisonError::into_inner),
+            owed: Owed::default(),
+        }
     }
 
     /// Reaps what the CQ has; wakes the waiters that it helped, but `me` (the caller's role and
