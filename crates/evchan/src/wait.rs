@@ -125,6 +125,15 @@ impl Line {
     /// Every waiter's waker but `except`'s, to `out`; their places go (a line whose waiters
     /// need no order: each woken one that finds nothing waits again, at the back).
     pub(crate) fn take_all(&mut self, except: Place, mut out: impl FnMut(Waker)) {
+        let spared = |e: &Entry| except == Some(e.key);
+        if except.is_none() || (self.entries.len() == 1 && !spared(&self.entries[0])) {
+            for e in self.entries.drain(..) {
+                if let Some(w) = e.waker {
+                    out(w);
+                }
+            }
+            return;
+        }
         self.entries.retain_mut(|e| {
             if except == Some(e.key) {
                 return true;
@@ -157,6 +166,7 @@ impl Taken {
         }
     }
 
+    #[inline]
     pub(crate) fn is_empty(&self) -> bool {
         self.len == 0 && self.more.is_empty()
     }
@@ -201,10 +211,16 @@ impl Waiters {
     /// Whether the future at `place` may go ahead in `role`'s line (nobody waits, or it is
     /// first); if not, it waits in line, to be woken with `waker`. One step, under the lock:
     /// a first that leaves meanwhile cannot miss it.
+    #[inline]
     pub(crate) fn turn_or_wait(&self, role: Role, place: &mut Place, waker: &Waker) -> bool {
         if place.is_none() && self.held.load(Ordering::SeqCst) & role.bit() == 0 {
             return true;
         }
+        self.turn_or_wait_locked(role, place, waker)
+    }
+
+    #[inline(never)]
+    fn turn_or_wait_locked(&self, role: Role, place: &mut Place, waker: &Waker) -> bool {
         let mut lines = self.lock();
         let line = &mut lines[role as usize];
         if line.is_turn(*place) {
@@ -224,6 +240,7 @@ impl Waiters {
 
     /// The future at `place` leaves `role`'s line (done, failed or dropped); the next one is
     /// woken when it was first.
+    #[inline]
     pub(crate) fn leave(&self, role: Role, place: &mut Place) {
         if place.is_none() {
             return;
@@ -233,6 +250,11 @@ impl Waiters {
             *place = None;
             return;
         }
+        self.leave_locked(role, place);
+    }
+
+    #[inline(never)]
+    fn leave_locked(&self, role: Role, place: &mut Place) {
         let next = {
             let mut lines = self.lock();
             let next = lines[role as usize].leave(place);
@@ -247,10 +269,16 @@ impl Waiters {
     /// The wakers of what concerns the lines of `mask` (bits of [`Role::bit`]), into `taken`:
     /// the receiver, the first sender, every closer; not `except`, the caller (a role and its
     /// place). The caller wakes them, after its locks.
+    #[inline]
     pub(crate) fn wake_lines(&self, mask: u8, except: Option<(Role, Place)>, taken: &mut Taken) {
         if mask & self.held.load(Ordering::SeqCst) == 0 {
             return;
         }
+        self.wake_lines_locked(mask, except, taken);
+    }
+
+    #[inline(never)]
+    fn wake_lines_locked(&self, mask: u8, except: Option<(Role, Place)>, taken: &mut Taken) {
         {
             let mut lines = self.lock();
             for role in Role::ALL {

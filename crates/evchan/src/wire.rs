@@ -177,14 +177,15 @@ struct Locked<'a> {
     owed: Owed,
 }
 
-/// Wakers to wake when dropped.
+/// Wakers to wake when dropped (boxed: a lock taken and let go with none, the usual case,
+/// moves and drops one word).
 #[derive(Default)]
-struct Owed(Taken);
+struct Owed(Option<Box<Taken>>);
 
 impl Drop for Owed {
     fn drop(&mut self) {
-        if !self.0.is_empty() {
-            std::mem::take(&mut self.0).wake();
+        if let Some(owed) = self.0.take() {
+            owed.wake();
         }
     }
 }
@@ -204,9 +205,10 @@ impl DerefMut for Locked<'_> {
 }
 
 impl Drop for Locked<'_> {
+    #[inline]
     fn drop(&mut self) {
         if !self.guard.owed.is_empty() {
-            self.owed.0 = std::mem::take(&mut self.guard.owed);
+            self.owed.0 = Some(Box::new(std::mem::take(&mut self.guard.owed)));
         }
     }
 }
@@ -1154,14 +1156,16 @@ impl Path {
                 self.free_ctrl.push(slot);
             }
         }
-        if wc.status() == WcStatus::WrFlush {
-            self.flushed = true;
-        } else if !ok {
-            self.lose(cm_map::wc_failure(
-                kind == Wr::Recv,
-                wc.status(),
-                self.max_recv,
-            ));
+        if !ok {
+            if wc.status() == WcStatus::WrFlush {
+                self.flushed = true;
+            } else {
+                self.lose(cm_map::wc_failure(
+                    kind == Wr::Recv,
+                    wc.status(),
+                    self.max_recv,
+                ));
+            }
         }
     }
 
