@@ -322,11 +322,7 @@ impl QpHandle {
     pub fn modify_to_error(&self) -> Result<()> {
         self.0.with(|qp| match qp {
             Some(qp) => qp
-                .modify(&crate::ffi::verbs::QpModify {
-                    mask: 1,  // IBV_QP_STATE
-                    state: 6, // IBV_QPS_ERR
-                    ..Default::default()
-                })
+                .modify(&super::qp::to_error())
                 .map_err(Error::io("ibv_modify_qp")),
             None => Err(Error::QpDestroyed),
         })

@@ -346,11 +346,7 @@ impl<'res> Qp<'res> {
     /// [`Error::Io`] with the `ibv_modify_qp` error.
     #[doc(alias = "ibv_modify_qp")]
     pub fn modify_to_error(&self) -> Result<()> {
-        self.modify(&ffi::QpModify {
-            mask: QP_STATE,
-            state: 6,
-            ..Default::default()
-        })
+        self.modify(&to_error())
     }
 
     fn modify(&self, m: &ffi::QpModify) -> Result<()> {
@@ -541,5 +537,14 @@ impl<'pd, B: MrBuffer> Posted<'pd, B> {
 impl<B: MrBuffer> fmt::Debug for Posted<'_, B> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         self.raw.fmt(f)
+    }
+}
+
+/// `ibv_modify_qp`'s attributes that move a QP to `IBV_QPS_ERR`.
+pub(crate) fn to_error() -> ffi::QpModify {
+    ffi::QpModify {
+        mask: QP_STATE,
+        state: 6,
+        ..Default::default()
     }
 }
