@@ -295,7 +295,7 @@ pub fn run(args: &[String]) -> Result<i32> {
     };
     let benches: Vec<_> = executables(&["bench", "--workspace", "--benches"], "bench", "")?
         .into_iter()
-        .map(|(name, exe, _)| (name, exe))
+        .map(|a| (a.name, a.exe))
         .collect();
     if benches.is_empty() {
         return Err("no bench executables found (benches/*.rs)".into());
@@ -496,7 +496,7 @@ fn in_vm(
         command: script,
         env: vec![("EVCHAN_REQUIRE_DEVICE".into(), "1".into())],
         timeout: Duration::from_secs(2400),
-        ..vm::Job::default()
+        ..crate::job()
     };
     let mut archive: Option<String> = None;
     let mut complete_archive = false;

@@ -78,7 +78,7 @@ pub fn run(args: &[String]) -> Result<i32> {
         let job = vm::Job {
             command: line,
             timeout: Duration::from_secs(600),
-            ..vm::Job::default()
+            ..crate::job()
         };
         vm::run(&job, &mut |l| figures.line(l))?.code
     };

@@ -14,10 +14,11 @@ mod bench_tools;
 mod cargo;
 mod demo;
 mod fuzz;
-mod libtest;
 mod setup;
 mod test;
-mod vm;
+
+// The VM runner and the libtest reader are cargo-rxe's: `cargo xtask vm` is `cargo rxe run`.
+use cargo_rxe::{libtest, vm};
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -26,27 +27,15 @@ const USAGE: &str = "\
 usage: cargo xtask <task> [options]
 
 tasks:
-  setup                 install missing Debian packages (as root; otherwise print the apt-get
-                        line), fetch + unpack the VM kernel into target/evchan-vm/, and
-                        `cargo install` cargo-fuzz and cargo-deny when missing
-  vm [OPTS] -- CMD...   run CMD inside a soft-RoCE VM on the host's filesystem and exit with its
-                        status. rxe0 sits on dummy0 with 169.254.77.1 and fe80::ff:fe00:1%dummy0;
-                        EVCHAN_SELF and EVCHAN_SELF6 hold them.
-      --hosts 2         boot two VMs joined by a virtual wire (rxe0 on eth0 in each): the --server
-                        command runs in VM a, CMD (the client) in VM b once a cm_id listens in a.
-                        EVCHAN_SELF / EVCHAN_PEER hold the link-local addresses (fe80::ff:fe00:a
-                        and fe80::ff:fe00:b, on eth0).
-      --server SHELLCMD the server side's command (with --hosts 2), a shell command line
-      --env K=V         set a variable for the command (repeatable); EVCHAN_* and RUST_*
-                        variables of the caller are passed on by themselves
-      --timeout SECS    kill the VM(s) after SECS (default 1200) and fail with the console's tail
-      -v, --verbose     print the guest's boot console too
-      fault hooks       inside either VM, `evchan-vm-fault link off|on [a|b]` cuts or restores
-                        the wire (qemu's set_link of n0; both ends unless a VM is named),
-                        `evchan-vm-fault stop|cont|kill a|b` sends SIGSTOP/SIGCONT/SIGKILL to a
-                        VM's qemu; it returns once the runner has done it. A VM killed that way
-                        ends without an exit status and does not fail the run: the other VM's
-                        status decides. (Protocol: crates/xtask/src/vm/fault.sh)
+  setup                 cargo-rxe's setup (install missing Debian packages as root, otherwise
+                        print the apt-get line; fetch + unpack the VM kernel into the per-user
+                        cache, ~/.cache/cargo-rxe), this project's packages (valgrind,
+                        linux-perf), and `cargo install` cargo-fuzz and cargo-deny when missing
+  vm [OPTS] -- CMD...   `cargo rxe run` (crates/cargo-rxe): run CMD inside a soft-RoCE VM on the
+                        host's filesystem and exit with its status; `cargo xtask vm --help` lists
+                        its options (--hosts 2 --server, --env, --timeout, --accel, -v, the
+                        fault hooks). rxe0 sits on dummy0 with 169.254.77.1 and
+                        fe80::ff:fe00:1%dummy0; EVCHAN_SELF and EVCHAN_SELF6 hold them.
                         (EVCHAN_VM_SMP=N sets the vCPUs per guest: 2 alone, 1 each of two)
   test [--vm]           fmt, clippy, docs, native tests, then the device tests in the VM with
                         EVCHAN_REQUIRE_DEVICE=1 (natively instead when this host has an ACTIVE
@@ -146,16 +135,13 @@ fn target_dir() -> PathBuf {
     }
 }
 
-/// Whether this process runs as root (`id -u` is 0), without any unsafe code.
-fn is_root() -> bool {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("Uid:"))
-                .and_then(|l| l.split_whitespace().nth(1).map(|u| u == "0"))
-        })
-        .unwrap_or(false)
+/// A VM job's defaults for this workspace: the checkout and the target directory stay visible
+/// in the guest wherever they are (under /tmp too, which the guest mounts fresh).
+fn job() -> vm::Job {
+    vm::Job {
+        keep: vec![root(), target_dir()],
+        ..vm::Job::default()
+    }
 }
 
 /// Whether this host itself has an RDMA port in state ACTIVE (a real NIC or an rxe link), so

@@ -181,7 +181,7 @@ pub fn run(quick: bool) -> Result<(String, Vec<ToolRatio>)> {
         command: script(&examples, &plan),
         env: vec![("EVCHAN_REQUIRE_DEVICE".into(), "1".into())],
         timeout: Duration::from_secs(if quick { 1200 } else { 3600 }),
-        ..vm::Job::default()
+        ..crate::job()
     };
     let outcome = vm::run(&job, &mut |line| {
         println!("{line}");

@@ -9,24 +9,41 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use super::native::run_merged;
+use cargo_rxe::suite;
+
 use super::{DeviceBin, Place, Tally};
 use crate::libtest::{DeviceLog, Verdict};
 use crate::{vm, Result};
 
 /// The shell script that runs every device test binary, one test at a time, between markers
-/// (see [`libtest::DeviceLog`](crate::libtest::DeviceLog)). In the VM (`reset`), after each
-/// binary it puts back what a test may have changed for the others (rxe0 deleted, dummy0
-/// down), saying so, so that no binary depends on the order of the binaries; at the end it
-/// lists what `rdma resource show` still has of any process.
+/// (cargo-rxe's [`suite::script`]). In the VM (`reset`), after each binary it puts back what a
+/// test may have changed for the others (rxe0 deleted, dummy0 down), saying so, so that no
+/// binary depends on the order of the binaries; at the end it lists what `rdma resource show`
+/// still has of any process.
 pub(super) fn device_script(bins: &[DeviceBin], reset: bool, extra: &str) -> String {
-    let mut s = String::from(
-        r#"status=0
-say() { echo "evchan-test: $*"; }
-"#,
-    );
-    if reset {
-        s.push_str(
-            r#"ensure_rdma() {
+    let tail = if reset {
+        format!("{extra}{LEFTOVERS}")
+    } else {
+        extra.to_owned()
+    };
+    suite::script(
+        bins,
+        &suite::Script {
+            prelude: if reset { ENSURE_RDMA } else { "" },
+            after_each: if reset {
+                "    ensure_rdma \"$1\"\n"
+            } else {
+                ""
+            },
+            tail: &tail,
+            args: &["--nocapture".to_owned(), "--test-threads=1".to_owned()],
+            timeout: Duration::from_secs(1800),
+        },
+    )
+}
+
+/// `ensure_rdma LABEL`: rxe0 on dummy0 with its addresses, usable, again.
+const ENSURE_RDMA: &str = r#"ensure_rdma() {
     ip link show dummy0 | grep -q '[<,]UP[,>]' || { say "dummy0 was down after $1: up again"; ip link set dummy0 up; }
     ip -4 addr show dev dummy0 | grep -q 169.254.77.1 || { say "169.254.77.1 was gone after $1: added again"; ip addr add 169.254.77.1/32 dev dummy0; }
     rdma link show rxe0/1 >/dev/null 2>&1 || { say "rxe0 was gone after $1: added again"; rdma link add rxe0 type rxe netdev dummy0; }
@@ -38,45 +55,17 @@ say() { echo "evchan-test: $*"; }
         sleep 0.1
     done
 }
-"#,
-        );
-    }
-    s.push_str(
-        r#"run() {
-    echo "@@evchan-test-begin $1"
-    timeout 1800 "$2" --nocapture --test-threads=1 2>&1
-    rc=$?
-    echo "@@evchan-test-end $1 $rc"
-    [ $rc -eq 0 ] || status=1
-"#,
-    );
-    if reset {
-        s.push_str("    ensure_rdma \"$1\"\n");
-    }
-    s.push_str("}\n");
-    for b in bins {
-        let _ = writeln!(
-            s,
-            "run {}",
-            vm::shell_join(&[b.label.clone(), b.exe.display().to_string()])
-        );
-    }
-    s.push_str(extra);
-    if reset {
-        s.push_str(
-            r#"left=$(for r in cm_id qp cq pd mr ctx srq; do rdma resource show $r 2>/dev/null | grep ' pid '; done)
+"#;
+
+/// What `rdma resource show` still has of any process, between markers.
+const LEFTOVERS: &str = r#"left=$(for r in cm_id qp cq pd mr ctx srq; do rdma resource show $r 2>/dev/null | grep ' pid '; done)
 if [ -n "$left" ]; then
     echo "$left" | sed 's/^/@@evchan-leftover /'
 else
     echo "@@evchan-no-leftovers"
 fi
 rdma resource show
-"#,
-        );
-    }
-    s.push_str("exit $status\n");
-    s
-}
+"#;
 
 /// The shell lines that run each benchmark executable once, briefly (criterion's `--test`:
 /// every benchmark one iteration), between markers, after the device tests.
@@ -144,7 +133,7 @@ pub(super) fn device_tests(
                 command: script,
                 env: vec![("EVCHAN_REQUIRE_DEVICE".into(), "1".into())],
                 timeout: Duration::from_secs(3600),
-                ..vm::Job::default()
+                ..crate::job()
             };
             let end = match vm::run(&job, &mut on_line) {
                 Ok(o) => {
@@ -250,7 +239,7 @@ pub(super) fn runner_faults(t: &mut Tally) {
         let job = vm::Job {
             command: command.into(),
             timeout: Duration::from_secs(secs),
-            ..vm::Job::default()
+            ..crate::job()
         };
         let mut reached = false;
         let result = vm::run(&job, &mut |l| {

@@ -41,12 +41,13 @@
 //! [`two_hosts`](mod@two_hosts) runs the two-VM steps.
 
 mod device;
+mod fresh;
 mod native;
 mod two_hosts;
 
-use std::path::PathBuf;
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
+
+use cargo_rxe::cargo::Artifact;
 
 use crate::cargo::{cargo, executables, test_executables};
 use crate::libtest::{self, name_list, Verdict};
@@ -149,6 +150,15 @@ pub fn run(args: &[String]) -> Result<i32> {
     if args.iter().any(|a| a == "--two-hosts") {
         return two_hosts_only(args);
     }
+    if args.iter().any(|a| a == "--fresh-crate") {
+        if let Some(other) = args.iter().find(|a| *a != "--fresh-crate") {
+            return Err(format!("test --fresh-crate: unknown option `{other}`"));
+        }
+        setup::ensure()?;
+        let mut t = Tally::default();
+        fresh::fresh_crate(&mut t);
+        return Ok(finish(&t));
+    }
     let place = place(args, "test")?;
     let mut t = Tally::default();
     knobs(&mut t);
@@ -226,10 +236,7 @@ pub fn run(args: &[String]) -> Result<i32> {
     // The benchmarks (benches/*.rs), built in the test profile, each run once in the same boot.
     let start = Instant::now();
     let benches = match executables(&["test", "--workspace", "--benches"], "bench", "") {
-        Ok(found) => found
-            .into_iter()
-            .map(|(name, exe, _)| (name, exe))
-            .collect(),
+        Ok(found) => found.into_iter().map(|a| (a.name, a.exe)).collect(),
         Err(e) => {
             eprintln!("xtask: {e}");
             t.gate("benchmark executables build", false, start.elapsed());
@@ -242,6 +249,7 @@ pub fn run(args: &[String]) -> Result<i32> {
         evchan_two_hosts(&mut t, b);
     }
     runner_faults(&mut t);
+    fresh::fresh_crate(&mut t);
     fuzz::ladder(&mut |name, ok, took| t.gate(name, ok, took));
 
     Ok(finish(&t))
@@ -272,32 +280,12 @@ fn gate(t: &mut Tally, name: &str, args: &[&str]) {
     t.gate(name, ok, start.elapsed());
 }
 
-/// One device test binary and its tests, as `BIN --list` names them.
-struct DeviceBin {
-    /// `evchan-core/device_cm`: the package's directory and the target.
-    label: String,
-    exe: PathBuf,
-    tests: Vec<String>,
-}
+/// One device test binary and its tests, as `BIN --list` names them; its label is the
+/// package's directory and the target, `evchan-core/device_cm`.
+type DeviceBin = cargo_rxe::suite::Binary;
 
-fn list_device_tests(bins: &[(String, PathBuf)]) -> Result<Vec<DeviceBin>> {
-    let mut out = Vec::new();
-    for (label, exe) in bins {
-        let o = Command::new(exe)
-            .args(["--list", "--format=terse"])
-            .stderr(Stdio::inherit())
-            .output()
-            .map_err(|e| format!("cannot run {}: {e}", exe.display()))?;
-        if !o.status.success() {
-            return Err(format!("`{} --list` failed ({})", exe.display(), o.status));
-        }
-        out.push(DeviceBin {
-            label: label.clone(),
-            exe: exe.clone(),
-            tests: libtest::listed(&String::from_utf8_lossy(&o.stdout)),
-        });
-    }
-    Ok(out)
+fn list_device_tests(bins: &[Artifact]) -> Result<Vec<DeviceBin>> {
+    cargo_rxe::suite::list(bins, &[])
 }
 
 fn finish(t: &Tally) -> i32 {
@@ -351,7 +339,7 @@ pub fn demo(args: &[String]) -> Result<i32> {
             let job = vm::Job {
                 command: vm::shell_join(&[exe.display().to_string()]),
                 timeout: Duration::from_secs(300),
-                ..vm::Job::default()
+                ..crate::job()
             };
             Ok(vm::run(&job, &mut |l| println!("{l}"))?.code)
         }

@@ -7,6 +7,8 @@ use std::process::Command;
 use std::time::Instant;
 
 use super::device::device_script;
+use cargo_rxe::cargo::Artifact;
+
 use super::{DeviceBin, Tally};
 use crate::cargo::cargo;
 use crate::libtest::{name_list, CargoTestLog, DeviceLog, Verdict};
@@ -14,7 +16,7 @@ use crate::Result;
 
 /// `cargo test --workspace`, stdout and stderr read as one stream. The device binaries run
 /// here too (and skip), but are not counted: their tests count where a device is.
-pub(super) fn native_tests(t: &mut Tally, device_bins: &[(String, PathBuf)]) {
+pub(super) fn native_tests(t: &mut Tally, device_bins: &[Artifact]) {
     let start = Instant::now();
     let mut log = CargoTestLog::default();
     let mut cmd = cargo(&["test", "--workspace", "--no-fail-fast"]);
@@ -27,7 +29,7 @@ pub(super) fn native_tests(t: &mut Tally, device_bins: &[(String, PathBuf)]) {
         exe.as_deref().is_some_and(|e| {
             device_bins
                 .iter()
-                .any(|(_, p)| p.ends_with(e) || PathBuf::from(e).ends_with(p))
+                .any(|a| a.exe.ends_with(e) || PathBuf::from(e).ends_with(&a.exe))
         })
     };
     let mut verdicts = Vec::new();

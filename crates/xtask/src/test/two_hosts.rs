@@ -15,7 +15,7 @@ pub(super) fn two_hosts(t: &mut Tally) {
         server: Some(r#"rping -s -a "$EVCHAN_SELF" -v -C 3"#.into()),
         command: r#"rping -c -a "$EVCHAN_PEER" -v -C 3"#.into(),
         timeout: Duration::from_secs(300),
-        ..vm::Job::default()
+        ..crate::job()
     };
     let mut pings = 0;
     let mut out = |line: &str| {
@@ -59,8 +59,7 @@ pub(super) fn two_hosts_only(args: &[String]) -> Result<i32> {
     .map(|found| {
         found
             .into_iter()
-            .map(|(name, exe, dir)| (format!("{dir}/{name}"), exe))
-            .filter(|(label, _)| is_two_host(label))
+            .filter(|a| is_two_host(&a.label()))
             .collect::<Vec<_>>()
     });
     let listed = match bins.and_then(|b| list_device_tests(&b)) {
@@ -124,7 +123,7 @@ pub(super) fn evchan_two_hosts(t: &mut Tally, b: &DeviceBin) {
             ),
             env: vec![("EVCHAN_REQUIRE_DEVICE".into(), "1".into())],
             timeout: Duration::from_secs(600),
-            ..vm::Job::default()
+            ..crate::job()
         };
         // Each VM runs one test (`--exact`): its libtest summary line is that test's verdict
         // (with `--nocapture` the test's own output splits `test NAME ... ok` over lines).

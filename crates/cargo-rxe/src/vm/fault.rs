@@ -1,6 +1,6 @@
 //! Fault hooks: a guest asks for a fault through a file in the writable share, the runner
 //! carries it out on the host and answers (see `fault.sh`, installed in the guest as
-//! `evchan-vm-fault`).
+//! `rxe-fault`, also as `evchan-vm-fault`).
 //!
 //! Requests: `link off|on [a|b]` (qemu's `set_link` of netdev `n0` through each VM's QMP socket; both
 //! ends when no VM is named), `stop|cont|kill a|b` (SIGSTOP, SIGCONT, SIGKILL of that VM's
@@ -12,7 +12,7 @@ use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-/// The helper script, installed as `bin/evchan-vm-fault` in the share.
+/// The helper script, installed as `bin/rxe-fault` (and `bin/evchan-vm-fault`) in the share.
 pub(super) const SCRIPT: &str = include_str!("fault.sh");
 const REQ: &str = "fault.req.";
 const ACK: &str = "fault.ack.";

@@ -7,9 +7,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use super::{fault, shell_join, Job};
+use super::{fault, shell_join, Accel, Job};
 use crate::setup::{self, Kernel};
-use crate::{root, target_dir, Result};
+use crate::Result;
 
 const INIT: &str = include_str!("init.sh");
 const GUEST: &str = include_str!("guest.sh");
@@ -29,14 +29,24 @@ const MODULES: &[&str] = &[
 ];
 
 /// qemu for one guest; `setpriv --pdeathsig KILL` so that it dies with the runner, always.
-pub(super) fn qemu(kernel: &Kernel, initrd: &Path, share: &Path, role: &str) -> Command {
+pub(super) fn qemu(
+    kernel: &Kernel,
+    initrd: &Path,
+    share: &Path,
+    role: &str,
+    accel: Accel,
+) -> Command {
     let mut cmd = Command::new("setpriv");
     cmd.args(["--pdeathsig", "KILL", "--", "qemu-system-x86_64"]);
     // One vCPU per guest when two guests share the host's cores; two for a lone guest.
     let smp = std::env::var("EVCHAN_VM_SMP")
         .ok()
         .unwrap_or_else(|| if role == "single" { "2" } else { "1" }.to_owned());
-    cmd.args(["-accel", "tcg", "-cpu", "max", "-smp", &smp, "-m", "1024"]);
+    match accel {
+        Accel::Tcg => cmd.args(["-accel", "tcg", "-cpu", "max"]),
+        Accel::Kvm => cmd.args(["-accel", "kvm", "-cpu", "host"]),
+    };
+    cmd.args(["-smp", &smp, "-m", "1024"]);
     cmd.args([
         "-nodefaults",
         "-no-user-config",
@@ -54,7 +64,8 @@ pub(super) fn qemu(kernel: &Kernel, initrd: &Path, share: &Path, role: &str) -> 
         "-serial",
         "chardev:con",
     ]);
-    cmd.arg("-kernel").arg(&kernel.vmlinuz);
+    cmd.arg("-kernel")
+        .arg(kernel.vmlinux.as_ref().unwrap_or(&kernel.vmlinuz));
     cmd.arg("-initrd").arg(initrd);
     cmd.arg("-append").arg(format!(
         "console=ttyS0 quiet loglevel=3 panic=-1 clocksource=tsc tsc=reliable evchan.share={} evchan.role={role}",
@@ -74,10 +85,10 @@ pub(super) fn qemu(kernel: &Kernel, initrd: &Path, share: &Path, role: &str) -> 
     cmd
 }
 
-/// A fresh, empty directory for one run's writable share. Leftovers of runs older than an hour
-/// (a runner killed with SIGKILL) are removed on the way.
+/// A fresh, empty directory for one run's writable share, `runs/PID-N` in the cache. Leftovers
+/// of runs older than an hour whose runner is gone (killed with SIGKILL) are removed on the way.
 pub(super) fn fresh_share() -> Result<PathBuf> {
-    let runs = setup::vm_dir().join("runs");
+    let runs = setup::cache_dir()?.join("runs");
     fs::create_dir_all(&runs).map_err(|e| format!("cannot create {}: {e}", runs.display()))?;
     if let Ok(entries) = fs::read_dir(&runs) {
         for e in entries.flatten() {
@@ -85,7 +96,13 @@ pub(super) fn fresh_share() -> Result<PathBuf> {
                 .metadata()
                 .and_then(|m| m.modified())
                 .is_ok_and(|t| t.elapsed().unwrap_or_default() > Duration::from_secs(3600));
-            if old {
+            // The cache is shared by every runner of this user: never a live runner's share.
+            let owner_alive = e
+                .file_name()
+                .to_str()
+                .and_then(|n| n.split('-').next())
+                .is_some_and(|pid| Path::new("/proc").join(pid).exists());
+            if old && !owner_alive {
                 let _ = fs::remove_dir_all(e.path());
             }
         }
@@ -102,10 +119,15 @@ pub(super) fn fresh_share() -> Result<PathBuf> {
     ))
 }
 
-/// The caller's variables that pass into the guest by themselves: `EVCHAN_*` and `RUST_*`.
+/// The caller's variables that pass into the guest by themselves: `RXE_*`, `EVCHAN_*` and
+/// `RUST_*`.
 pub fn passed_env() -> Vec<(String, String)> {
     std::env::vars()
-        .filter(|(k, _)| k.starts_with("EVCHAN_") || k.starts_with("RUST_"))
+        .filter(|(k, _)| {
+            ["RXE_", "EVCHAN_", "RUST_"]
+                .iter()
+                .any(|p| k.starts_with(p))
+        })
         .collect()
 }
 
@@ -116,8 +138,11 @@ pub(super) fn write_share(share: &Path, job: &Job) -> Result<()> {
     };
     write("guest.sh", GUEST)?;
     fs::create_dir_all(share.join("bin")).map_err(|e| format!("cannot create bin/: {e}"))?;
-    write("bin/evchan-vm-fault", fault::SCRIPT)?;
-    set_executable(&share.join("bin/evchan-vm-fault"))?;
+    // One helper, two names: `rxe-fault`, and `evchan-vm-fault` of the runner's first users.
+    for name in ["rxe-fault", "evchan-vm-fault"] {
+        write(&format!("bin/{name}"), fault::SCRIPT)?;
+        set_executable(&share.join("bin").join(name))?;
+    }
     let cwd = std::env::current_dir().map_err(|e| e.to_string())?;
     write("cwd", &cwd.display().to_string())?;
     let mut env = String::new();
@@ -125,7 +150,7 @@ pub(super) fn write_share(share: &Path, job: &Job) -> Result<()> {
     for (k, v) in &inherited {
         // Never silently: a knob such as EVCHAN_COMPLETIONS changes what a test does.
         if !job.env.iter().any(|(jk, _)| jk == k) {
-            eprintln!("evchan-vm: passing {k}={v} into the guest (from this environment)");
+            eprintln!("cargo-rxe: passing {k}={v} into the guest (from this environment)");
         }
     }
     for (k, v) in inherited.into_iter().chain(job.env.iter().cloned()) {
@@ -141,26 +166,73 @@ pub(super) fn write_share(share: &Path, job: &Job) -> Result<()> {
             write("job.b", &job.command)?;
         }
     }
-    // Writable tmpfs in the guest, but never over the repository, the target dir or the share.
-    let keep = [root(), target_dir(), share.to_path_buf(), cwd];
-    let scratch: Vec<&str> = ["/tmp", "/run", "/var/tmp", "/dev/shm"]
-        .into_iter()
-        .filter(|d| keep.iter().all(|k| !k.starts_with(d)))
-        .collect();
-    write("tmpfs.list", &scratch.join("\n"))
+    // A fresh, writable tmpfs on each scratch directory; what must stay visible under one
+    // (the working directory, the share, the job's own paths: a checkout under /tmp) is bound
+    // back into it from the host's read-only view.
+    write("tmpfs.list", &lines(&SCRATCH))?;
+    let mut keep: Vec<PathBuf> = vec![cwd, share.to_path_buf()];
+    // Directories only: a file's directory is kept with it.
+    keep.extend(job.keep.iter().map(|p| match p.parent() {
+        Some(dir) if !p.is_dir() => dir.to_path_buf(),
+        _ => p.clone(),
+    }));
+    write("keep.list", &lines(&kept_under_scratch(&keep)))
 }
 
-/// The initramfs (busybox, /init, the modules), cached under `target/evchan-vm/` and rebuilt
+/// One item per line, each line ended (the guest's `read` drops an unended last line).
+fn lines<S: AsRef<str>>(items: &[S]) -> String {
+    items.iter().map(|i| format!("{}\n", i.as_ref())).collect()
+}
+
+/// The directories that get a fresh tmpfs in the guest.
+const SCRATCH: [&str; 4] = ["/tmp", "/run", "/var/tmp", "/dev/shm"];
+
+/// Of `paths`, those under a scratch directory, outermost only (a path inside another is
+/// visible with it), as absolute strings without a trailing slash, sorted.
+fn kept_under_scratch(paths: &[PathBuf]) -> Vec<String> {
+    let mut under: Vec<&Path> = paths
+        .iter()
+        .map(PathBuf::as_path)
+        .filter(|p| {
+            p.is_absolute()
+                && SCRATCH
+                    .iter()
+                    .any(|d| p.starts_with(d) && *p != Path::new(d))
+        })
+        .collect();
+    under.sort();
+    under.dedup();
+    let outer: Vec<&Path> = under
+        .iter()
+        .copied()
+        .filter(|p| !under.iter().any(|o| o != p && p.starts_with(o)))
+        .collect();
+    outer
+        .iter()
+        .filter_map(|p| p.to_str())
+        // One path per line, read by the shell: no newline in it.
+        .filter(|p| !p.contains('\n'))
+        .map(str::to_owned)
+        .collect()
+}
+
+/// The initramfs (busybox, /init, the modules), cached beside the kernel and rebuilt
 /// only when the kernel, the init script or the module list changes.
 pub(super) fn initramfs(kernel: &Kernel) -> Result<PathBuf> {
-    let dir = setup::vm_dir();
+    let dir = setup::cache_dir()?;
     let out = dir.join(format!("initramfs-{}.cpio", kernel.version));
     let stamp_path = dir.join(format!("initramfs-{}.stamp", kernel.version));
-    let stamp = format!("{INIT}\n{}\n{}", MODULES.join(" "), kernel.base.display());
+    // What the initramfs is made of; any change to how it is made changes FORMAT.
+    const FORMAT: &str = "2: modules without signatures";
+    let stamp = format!(
+        "{FORMAT}\n{INIT}\n{}\n{}",
+        MODULES.join(" "),
+        kernel.base.display()
+    );
     if out.is_file() && fs::read_to_string(&stamp_path).is_ok_and(|s| s == stamp) {
         return Ok(out);
     }
-    let staging = dir.join("initramfs.staging");
+    let staging = dir.join(format!("initramfs.staging.{}", std::process::id()));
     let _ = fs::remove_dir_all(&staging);
     for d in ["bin", "proc", "sys", "dev", "modules", "newroot"] {
         fs::create_dir_all(staging.join(d)).map_err(|e| e.to_string())?;
@@ -210,15 +282,20 @@ pub(super) fn initramfs(kernel: &Kernel) -> Result<PathBuf> {
                 .ok_or_else(|| format!("unexpected module file {}", path.display()))?
                 .to_owned();
             if !order.contains(&name) {
-                fs::copy(path, staging.join("modules").join(format!("{name}.ko")))
-                    .map_err(|e| format!("cannot copy {}: {e}", path.display()))?;
+                let ko =
+                    fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+                fs::write(
+                    staging.join("modules").join(format!("{name}.ko")),
+                    unsigned(&ko),
+                )
+                .map_err(|e| format!("cannot copy {}: {e}", path.display()))?;
                 order.push(name);
             }
         }
     }
     fs::write(staging.join("modules.list"), order.join("\n")).map_err(|e| e.to_string())?;
 
-    let tmp = dir.join("initramfs.cpio.tmp");
+    let tmp = dir.join(format!("initramfs.cpio.{}.tmp", std::process::id()));
     let list = Command::new("find")
         .args([".", "-print0"])
         .current_dir(&staging)
@@ -246,8 +323,69 @@ pub(super) fn initramfs(kernel: &Kernel) -> Result<PathBuf> {
     Ok(out)
 }
 
+/// A module without its appended signature: the guest kernel then does not check it (about
+/// 60 ms each under TCG; it loads it all the same, `module.sig_enforce` is off). A module
+/// without one comes back as it is.
+fn unsigned(ko: &[u8]) -> &[u8] {
+    const MAGIC: &[u8] = b"~Module signature appended~\n";
+    // Before the magic: `struct module_signature`, 12 bytes, its last 4 the signature's length
+    // (big-endian); before that, the signature.
+    let Some(rest) = ko.strip_suffix(MAGIC) else {
+        return ko;
+    };
+    let Some(info) = rest.len().checked_sub(12).map(|at| &rest[at..]) else {
+        return ko;
+    };
+    let sig_len = u32::from_be_bytes([info[8], info[9], info[10], info[11]]) as usize;
+    match (rest.len() - 12).checked_sub(sig_len) {
+        Some(end) => &ko[..end],
+        None => ko,
+    }
+}
+
 fn set_executable(p: &Path) -> Result<()> {
     use std::os::unix::fs::PermissionsExt;
     fs::set_permissions(p, fs::Permissions::from_mode(0o755))
         .map_err(|e| format!("chmod {}: {e}", p.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn module_signatures_are_cut_off() {
+        let mut ko = b"\x7fELF module".to_vec();
+        let signed = {
+            let mut s = ko.clone();
+            s.extend_from_slice(&[0xAB; 5]);
+            s.extend_from_slice(&[0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 5]);
+            s.extend_from_slice(b"~Module signature appended~\n");
+            s
+        };
+        assert_eq!(unsigned(&signed), &ko[..]);
+        assert_eq!(unsigned(&ko), &ko[..]);
+        ko.extend_from_slice(b"~Module signature appended~\n");
+        assert_eq!(
+            unsigned(&ko),
+            &ko[..],
+            "too short to hold a signature: as it is"
+        );
+    }
+
+    #[test]
+    fn only_the_outermost_paths_under_scratch_dirs_are_kept() {
+        let p = |s: &str| PathBuf::from(s);
+        let kept = kept_under_scratch(&[
+            p("/work/main"),
+            p("/tmp/crate"),
+            p("/tmp/crate/target"),
+            p("/tmp"),
+            p("/tmpfoo/x"),
+            p("/dev/shm/a"),
+            p("relative/tmp"),
+            p("/tmp/crate"),
+        ]);
+        assert_eq!(kept, ["/dev/shm/a", "/tmp/crate"]);
+    }
 }

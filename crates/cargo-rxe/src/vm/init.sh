@@ -1,5 +1,5 @@
 #!/bin/busybox sh
-# /init of evchan's soft-RoCE VM (built into the initramfs by `cargo xtask vm`).
+# /init of evchan's soft-RoCE VM (built into the initramfs by cargo-rxe's runner).
 #
 # It loads the RDMA modules, mounts the host's root filesystem read-only through 9p, chroots
 # into it and runs the job script the runner wrote into the writable share. The job's exit
@@ -39,11 +39,29 @@ mount -t sysfs sys /newroot/sys
 mount -t devtmpfs dev /newroot/dev
 mount -t 9p -o trans=virtio,version=9p2000.L,msize=262144 share "/newroot$share" ||
     fail "cannot mount the result share at $share"
-# Writable scratch space on paths the runner found free of the repository (see tmpfs.list).
-for d in $(cat "/newroot$share/tmpfs.list"); do
+# A fresh, writable tmpfs on each scratch directory (tmpfs.list). The paths of keep.list under
+# one (a checkout under /tmp, the share) are first bound aside, then back into the tmpfs: they
+# stay what the host has, read-only like the rest of it (the share stays writable).
+mkdir -p /keep
+i=0
+while read -r d; do
+    [ -n "$d" ] || continue
+    kept=""
+    while read -r k; do
+        case "$k" in "$d"/*) ;; *) continue ;; esac
+        i=$((i + 1))
+        mkdir -p "/keep/$i"
+        mount -o rbind "/newroot$k" "/keep/$i" && kept="$kept $i"
+        echo "$k" >"/keep/$i.path"
+    done <"/newroot$share/keep.list"
     mkdir -p "/newroot$d" 2>/dev/null
-    mount -t tmpfs tmpfs "/newroot$d"
-done
+    mount -t tmpfs tmpfs "/newroot$d" || fail "cannot mount a tmpfs on $d"
+    for n in $kept; do
+        k="$(cat "/keep/$n.path")"
+        mkdir -p "/newroot$k" && mount -o rbind "/keep/$n" "/newroot$k" ||
+            fail "cannot keep $k visible under the tmpfs on $d"
+    done
+done <"/newroot$share/tmpfs.list"
 
 echo "@@evchan-vm-begin"
 chroot /newroot /bin/sh "$share/guest.sh" "$role"

@@ -9,7 +9,7 @@ export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 export HOME=/root
 ulimit -l unlimited
 
-say() { echo "evchan-vm[$role]: $*" >&2; }
+say() { echo "cargo-rxe[$role]: $*" >&2; }
 # Whether fewer than $1 seconds passed since $start (wall clock: TCG makes loop counts slow).
 within() { [ $(($(date +%s) - start)) -lt "$1" ]; }
 
@@ -27,6 +27,7 @@ single)
     ip addr add 169.254.77.1/32 dev dummy0
     netdev=dummy0
     export EVCHAN_SELF=169.254.77.1 EVCHAN_SELF6=fe80::ff:fe00:1%dummy0
+    export RXE_SELF="$EVCHAN_SELF" RXE_SELF6="$EVCHAN_SELF6"
     ;;
 a | b)
     if [ "$role" = a ]; then mine=0a peer=0b; else mine=0b peer=0a; fi
@@ -36,6 +37,7 @@ a | b)
     ip link set eth0 up
     netdev=eth0
     export EVCHAN_SELF="fe80::ff:fe00:$mine%eth0" EVCHAN_PEER="fe80::ff:fe00:$peer%eth0"
+    export RXE_SELF="$EVCHAN_SELF" RXE_PEER="$EVCHAN_PEER"
     ;;
 *)
     say "unknown role $role"
@@ -58,8 +60,9 @@ until ip -6 addr show dev "$netdev" | grep -q 'fe80::ff:fe00' &&
 done
 
 . "$here/env"
-# Fault hooks (`evchan-vm-fault`, see fault.sh): the runner on the host carries them out.
+# Fault hooks (`rxe-fault`, see fault.sh): the runner on the host carries them out.
 export EVCHAN_VM_ROLE="$role" EVCHAN_VM_SHARE="$here" EVCHAN_VM_FAULT="$here/bin/evchan-vm-fault"
+export RXE_ROLE="$role" CARGO_RXE=1
 export PATH="$here/bin:$PATH"
 cd "$(cat "$here/cwd")" || exit 125
 

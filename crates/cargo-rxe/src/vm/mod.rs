@@ -3,10 +3,12 @@
 //! One VM: rxe0 on a dummy interface (169.254.77.1, fe80::ff:fe00:1). Two VMs: joined by a
 //! qemu `stream` netdev over a unix socket, rxe0 on each eth0. The guest mounts the host's `/`
 //! read-only through 9p and chroots into it, so binaries built on the host run unchanged; a
-//! second, writable 9p share (a fresh directory under `target/evchan-vm/runs/`) carries the job
-//! scripts in and the exit status out. See SOFTROCE.md for the observed facts behind each step.
+//! second, writable 9p share (a fresh directory under `runs/` of the per-user cache,
+//! [`setup::cache_dir`]) carries the job scripts in and the exit status out. `/tmp`, `/run`,
+//! `/var/tmp` and `/dev/shm` are fresh tmpfs mounts; what the job needs under them (its working
+//! directory, [`Job::keep`]) is bound back in.
 //!
-//! Fault hooks (`fault.rs`): a guest writes a request into the share (the `evchan-vm-fault`
+//! Fault hooks (`fault.rs`): a guest writes a request into the share (the `rxe-fault`
 //! helper does it) and the runner, which watches the share while it reads the consoles, cuts or
 //! restores the wire through qemu's QMP socket, or stops, continues or kills a VM's qemu. A VM
 //! killed that way is expected to end without an exit status; the others' statuses decide.
@@ -42,6 +44,28 @@ const SERVER_GRACE: Duration = Duration::from_secs(30);
 /// How often the runner looks for fault requests in the share.
 const FAULT_POLL: Duration = Duration::from_millis(50);
 
+/// How qemu runs the guest's CPU.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Accel {
+    /// qemu's emulator: slow, and works everywhere (KVM guests hang at kernel start on some
+    /// hosts, ours among them).
+    #[default]
+    Tcg,
+    /// `/dev/kvm`, with the host's CPU model.
+    Kvm,
+}
+
+impl std::str::FromStr for Accel {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "tcg" => Ok(Self::Tcg),
+            "kvm" => Ok(Self::Kvm),
+            other => Err(format!("--accel takes tcg or kvm, not `{other}`")),
+        }
+    }
+}
+
 /// What to run, where.
 #[derive(Debug, Clone, Default)]
 pub struct Job {
@@ -51,7 +75,12 @@ pub struct Job {
     pub server: Option<String>,
     /// Variables for the job, on top of the caller's EVCHAN_* and RUST_* ones.
     pub env: Vec<(String, String)>,
+    /// Paths that must stay visible in the guest when they lie under `/tmp`, `/run`, `/var/tmp`
+    /// or `/dev/shm` (which are fresh tmpfs mounts there): the binaries, a target directory. The
+    /// working directory is kept by itself.
+    pub keep: Vec<std::path::PathBuf>,
     pub timeout: Duration,
+    pub accel: Accel,
     pub verbose: bool,
 }
 
@@ -63,19 +92,86 @@ pub struct Outcome {
     pub code: i32,
     /// From qemu's start to the job's start, of the slowest VM.
     pub boot: Option<Duration>,
-    /// The VMs killed on a guest's request (`evchan-vm-fault kill`), in order.
+    /// The VMs killed on a guest's request (`rxe-fault kill`), in order.
     pub killed: Vec<&'static str>,
 }
 
-/// `cargo xtask vm [--hosts 2] [--server CMD] [--env K=V] [--timeout S] [-v] -- CMD...`
+/// `cargo rxe run [--hosts 2] [--server CMD] [--env K=V] [--timeout S] [--accel A] [-v] -- CMD...`
+/// (also `cargo xtask vm`): runs CMD and returns its exit status.
 pub fn cli(args: &[String]) -> Result<i32> {
-    let mut job = Job {
-        timeout: Duration::from_secs(1200),
-        ..Job::default()
+    let Some(Options {
+        mut job,
+        own,
+        after: command,
+    }) = options(args, Duration::from_secs(1200), &["--hosts", "--server"])?
+    else {
+        return Ok(0);
     };
     let mut hosts = 1;
+    for (flag, value) in own {
+        match (flag.as_str(), value) {
+            ("--hosts", Some(n)) => {
+                hosts = match n.as_str() {
+                    "1" => 1,
+                    "2" => 2,
+                    n => return Err(format!("--hosts takes 1 or 2, not {n}")),
+                }
+            }
+            ("--server", Some(cmd)) => job.server = Some(cmd),
+            ("-v" | "--verbose", None) => job.verbose = true,
+            (other, _) => {
+                return Err(format!(
+                    "unknown run option `{other}` (the command goes after `--`)"
+                ))
+            }
+        }
+    }
+    if command.is_empty() {
+        return Err("no command: cargo rxe run [OPTIONS] -- CMD [ARGS...]".into());
+    }
+    if hosts == 2 && job.server.is_none() {
+        return Err("--hosts 2 needs --server 'SERVER COMMAND' (CMD runs as the client)".into());
+    }
+    if hosts == 1 && job.server.is_some() {
+        return Err("--server only makes sense with --hosts 2".into());
+    }
+    // A program or file named by an absolute path under /tmp stays visible in the guest.
+    job.keep = command
+        .iter()
+        .map(std::path::PathBuf::from)
+        .filter(|p| p.is_absolute() && p.exists())
+        .collect();
+    job.command = shell_join(&command);
+    let outcome = run(&job, &mut |line| println!("{line}"))?;
+    for vm in &outcome.killed {
+        eprintln!("cargo-rxe: VM {vm} was killed on request; the other VM's status decides");
+    }
+    Ok(outcome.code)
+}
+
+/// A command line of `run` or `test`, read by [`options`].
+#[derive(Debug)]
+pub struct Options {
+    /// `--env`, `--timeout`, `--accel` and `--console` applied.
+    pub job: Job,
+    /// The other arguments before `--`, in order, each with its value when it is one of the
+    /// caller's options that take one.
+    pub own: Vec<(String, Option<String>)>,
+    /// The arguments after `--`.
+    pub after: Vec<String>,
+}
+
+/// Reads the options `run` and `test` share; `None` after printing the help for `-h`.
+pub fn options(args: &[String], timeout: Duration, with_value: &[&str]) -> Result<Option<Options>> {
+    let mut o = Options {
+        job: Job {
+            timeout,
+            ..Job::default()
+        },
+        own: Vec::new(),
+        after: Vec::new(),
+    };
     let mut it = args.iter();
-    let mut command: Vec<String> = Vec::new();
     while let Some(a) = it.next() {
         let mut value = |name: &str| {
             it.next()
@@ -84,58 +180,43 @@ pub fn cli(args: &[String]) -> Result<i32> {
         };
         match a.as_str() {
             "--" => {
-                command = it.by_ref().cloned().collect();
+                o.after = it.by_ref().cloned().collect();
                 break;
             }
-            "--hosts" => {
-                hosts = match value("--hosts")?.as_str() {
-                    "1" => 1,
-                    "2" => 2,
-                    n => return Err(format!("--hosts takes 1 or 2, not {n}")),
-                }
-            }
-            "--server" => job.server = Some(value("--server")?),
-            "--env" => {
-                let kv = value("--env")?;
-                let (k, v) = kv
-                    .split_once('=')
-                    .ok_or_else(|| format!("--env takes K=V, not `{kv}`"))?;
-                job.env.push((k.to_owned(), v.to_owned()));
-            }
-            "--timeout" => {
-                let s = value("--timeout")?;
-                let secs: u64 = s
-                    .parse()
-                    .map_err(|_| format!("--timeout takes seconds, not `{s}`"))?;
-                job.timeout = Duration::from_secs(secs);
-            }
-            "-v" | "--verbose" => job.verbose = true,
+            "--env" => o.job.env.push(env_pair(&value("--env")?)?),
+            "--timeout" => o.job.timeout = seconds(&value("--timeout")?)?,
+            "--accel" => o.job.accel = value("--accel")?.parse()?,
+            "--console" => o.job.verbose = true,
             "-h" | "--help" => {
-                print!("{}", crate::USAGE);
-                return Ok(0);
+                print!("{}", crate::cli::USAGE);
+                return Ok(None);
             }
-            other => {
-                return Err(format!(
-                    "unknown vm option `{other}` (the command goes after `--`)"
-                ))
+            own if with_value.contains(&own) => {
+                let v = value(own)?;
+                o.own.push((own.to_owned(), Some(v)));
             }
+            own => o.own.push((own.to_owned(), None)),
         }
     }
-    if command.is_empty() {
-        return Err("no command: cargo xtask vm [OPTIONS] -- CMD [ARGS...]".into());
+    Ok(Some(o))
+}
+
+/// `K=V` of `--env`.
+pub fn env_pair(kv: &str) -> Result<(String, String)> {
+    let (k, v) = kv
+        .split_once('=')
+        .ok_or_else(|| format!("--env takes K=V, not `{kv}`"))?;
+    if k.is_empty() || !k.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_') {
+        return Err(format!("--env: `{k}` is not a variable name"));
     }
-    if hosts == 2 && job.server.is_none() {
-        return Err("--hosts 2 needs --server 'SERVER COMMAND' (CMD runs as the client)".into());
-    }
-    if hosts == 1 && job.server.is_some() {
-        return Err("--server only makes sense with --hosts 2".into());
-    }
-    job.command = shell_join(&command);
-    let outcome = run(&job, &mut |line| println!("{line}"))?;
-    for vm in &outcome.killed {
-        eprintln!("evchan-vm: VM {vm} was killed on request; the other VM's status decides");
-    }
-    Ok(outcome.code)
+    Ok((k.to_owned(), v.to_owned()))
+}
+
+/// Whole seconds of `--timeout`.
+pub fn seconds(s: &str) -> Result<Duration> {
+    s.parse()
+        .map(Duration::from_secs)
+        .map_err(|_| format!("--timeout takes whole seconds, not `{s}`"))
 }
 
 /// Quotes argv into one POSIX shell line.
@@ -172,7 +253,7 @@ pub fn run(job: &Job, out: &mut dyn FnMut(&str)) -> Result<Outcome> {
     let (tx, rx) = mpsc::channel::<(usize, Option<String>)>();
     let started = Instant::now();
     for (i, role) in roles.iter().enumerate() {
-        let mut cmd = qemu(&kernel, &initrd, &share, role);
+        let mut cmd = qemu(&kernel, &initrd, &share, role, job.accel);
         match *role {
             "a" => {
                 let _ = fs::remove_file(&wire);
@@ -199,9 +280,9 @@ pub fn run(job: &Job, out: &mut dyn FnMut(&str)) -> Result<Outcome> {
         if *role != "single" {
             cmd.args(["-device", "virtio-net-pci,netdev=n0"]);
         }
-        let mut child = cmd.spawn().map_err(|e| {
-            format!("cannot start qemu-system-x86_64: {e} (run `cargo xtask setup`)")
-        })?;
+        let mut child = cmd
+            .spawn()
+            .map_err(|e| format!("cannot start qemu-system-x86_64: {e} (run `cargo rxe setup`)"))?;
         let stdout = child.stdout.take().expect("piped");
         let tx = tx.clone();
         std::thread::spawn(move || {
@@ -252,8 +333,8 @@ pub fn run(job: &Job, out: &mut dyn FnMut(&str)) -> Result<Outcome> {
         for (tag, line) in fault::pending(&share) {
             let result = carry_out(&line, roles, &share, &mut vms);
             match &result {
-                Ok(()) => eprintln!("evchan-vm: fault `{line}`: done"),
-                Err(e) => eprintln!("evchan-vm: fault `{line}`: {e}"),
+                Ok(()) => eprintln!("cargo-rxe: fault `{line}`: done"),
+                Err(e) => eprintln!("cargo-rxe: fault `{line}`: {e}"),
             }
             fault::answer(&share, &tag, &result);
         }
@@ -329,7 +410,7 @@ pub fn run(job: &Job, out: &mut dyn FnMut(&str)) -> Result<Outcome> {
         .collect::<Option<Vec<_>>>()
         .and_then(|b| b.into_iter().max());
     if let Some(b) = boot {
-        eprintln!("evchan-vm: booted to the job in {:.1} s", b.as_secs_f64());
+        eprintln!("cargo-rxe: booted to the job in {:.1} s", b.as_secs_f64());
     }
     let mut problems = Vec::new();
     if let Some(why) = &timed_out {
@@ -341,7 +422,7 @@ pub fn run(job: &Job, out: &mut dyn FnMut(&str)) -> Result<Outcome> {
             .ok()
             .and_then(|s| s.trim().parse::<i32>().ok());
         eprintln!(
-            "evchan-vm: the server (VM a) was still running {} s after the client's job ended; stopped it",
+            "cargo-rxe: the server (VM a) was still running {} s after the client's job ended; stopped it",
             SERVER_GRACE.as_secs()
         );
         match client {
@@ -396,7 +477,7 @@ pub fn run(job: &Job, out: &mut dyn FnMut(&str)) -> Result<Outcome> {
                 *b
             } else {
                 if *a != 0 {
-                    eprintln!("evchan-vm: the server (VM a) exited with {a}");
+                    eprintln!("cargo-rxe: the server (VM a) exited with {a}");
                 }
                 *a
             }
