@@ -93,6 +93,8 @@ impl Section {
             *pending = None;
         } else if let Some(rest) = t.strip_prefix("test ") {
             if let Some((name, result)) = rest.split_once(" ... ") {
+                // `#[should_panic]` tests are reported as `NAME - should panic`.
+                let name = name.strip_suffix(" - should panic").unwrap_or(name);
                 let word = result.split_whitespace().next().unwrap_or("");
                 if matches!(word, "ok" | "FAILED" | "ignored" | "ignored,") {
                     self.results
@@ -209,7 +211,8 @@ pub struct DeviceLog {
 
 impl DeviceLog {
     pub fn add_line(&mut self, line: &str) {
-        let t = line.trim();
+        let plain = without_ansi(line);
+        let t = plain.trim();
         if let Some(bin) = t.strip_prefix(BEGIN) {
             self.pending = None;
             if let Some((bin, sec)) = self.current.take() {
@@ -251,6 +254,30 @@ impl DeviceLog {
             })
             .collect()
     }
+}
+
+/// `line` without ANSI escape sequences (`ESC [ … letter`): libtest colours its verdicts when its
+/// output is a terminal, as the VM's console is.
+pub fn without_ansi(line: &str) -> std::borrow::Cow<'_, str> {
+    if !line.contains('\x1b') {
+        return line.into();
+    }
+    let mut out = String::with_capacity(line.len());
+    let mut chars = line.chars();
+    while let Some(c) = chars.next() {
+        if c != '\x1b' {
+            out.push(c);
+            continue;
+        }
+        if chars.next() == Some('[') {
+            for c in chars.by_ref() {
+                if c.is_ascii_alphabetic() {
+                    break;
+                }
+            }
+        }
+    }
+    out.into()
 }
 
 /// How a binary ended, from the exit status the script saw.
@@ -362,6 +389,31 @@ mod tests {
         );
         let v = log.verdicts("core/device_never", &names(&["n"]), "VM died");
         assert!(matches!(&v[0].1, Verdict::Failed(w) if w.contains("never started")));
+    }
+
+    #[test]
+    fn colours_and_should_panic_are_no_part_of_a_verdict() {
+        assert_eq!(without_ansi("test a ... \x1b[32mok\x1b[m"), "test a ... ok");
+        assert_eq!(without_ansi("plain"), "plain");
+        let mut log = DeviceLog::default();
+        for l in [
+            "@@evchan-test-begin p/x",
+            "test a ... \x1b[32mok\x1b[m",
+            "test b ... \x1b[31mFAILED\x1b[m",
+            "test c - should panic ... ok",
+            "@@evchan-test-end p/x 101",
+        ] {
+            log.add_line(l);
+        }
+        let names = ["a".to_owned(), "b".to_owned(), "c".to_owned()];
+        let v = log.verdicts("p/x", &names, "");
+        assert_eq!(v[0].1, Verdict::Passed);
+        assert!(matches!(v[1].1, Verdict::Failed(_)));
+        assert_eq!(
+            v[2].1,
+            Verdict::Passed,
+            "a should_panic test by its own name"
+        );
     }
 
     #[test]

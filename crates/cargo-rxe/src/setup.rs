@@ -137,22 +137,26 @@ pub fn cache_dir() -> Result<PathBuf> {
         .map(|h| h.join(".cache").join("cargo-rxe"))
         .ok_or_else(|| "neither XDG_CACHE_HOME nor HOME is set to an absolute path".into())
 }
-/// The kernel package `linux-image-amd64` depends on, e.g. `linux-image-6.1.0-56-amd64`.
+/// The kernel meta-packages: Debian's, then Ubuntu's.
+const KERNEL_METAS: &[&str] = &["linux-image-amd64", "linux-image-generic"];
+
+/// The kernel package a meta-package depends on: `linux-image-6.1.0-56-amd64` (Debian),
+/// `linux-image-6.8.0-51-generic` (Ubuntu).
 fn kernel_package() -> Result<String> {
     let query = || {
-        Command::new("apt-cache")
-            .args(["depends", "linux-image-amd64"])
-            .stderr(Stdio::null())
-            .output()
-            .ok()
-            .and_then(|o| {
-                String::from_utf8_lossy(&o.stdout).lines().find_map(|l| {
-                    l.trim()
-                        .strip_prefix("Depends: ")
-                        .filter(|p| p.starts_with("linux-image-"))
-                        .map(str::to_owned)
-                })
+        KERNEL_METAS.iter().find_map(|meta| {
+            let o = Command::new("apt-cache")
+                .args(["depends", meta])
+                .stderr(Stdio::null())
+                .output()
+                .ok()?;
+            String::from_utf8_lossy(&o.stdout).lines().find_map(|l| {
+                l.trim()
+                    .strip_prefix("Depends: ")
+                    .filter(|p| p.starts_with("linux-image-") && !p.contains("unsigned"))
+                    .map(str::to_owned)
             })
+        })
     };
     if let Some(p) = query() {
         return Ok(p);
@@ -163,7 +167,20 @@ fn kernel_package() -> Result<String> {
             return Ok(p);
         }
     }
-    Err("apt-cache knows no linux-image-amd64: run `apt-get update` as root, then retry".into())
+    Err(format!(
+        "apt-cache knows none of {}: run `apt-get update` as root, then retry",
+        KERNEL_METAS.join(", ")
+    ))
+}
+
+/// Whether apt knows a package by that name.
+fn apt_knows(package: &str) -> bool {
+    Command::new("apt-cache")
+        .args(["show", "-q", package])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
 }
 
 fn ensure_kernel() -> Result<Kernel> {
@@ -174,37 +191,62 @@ fn ensure_kernel() -> Result<Kernel> {
     }
     let package = kernel_package()?;
     let version = package.trim_start_matches("linux-image-").to_owned();
+    // Debian's image package holds the modules; Ubuntu's keeps them in two more.
+    let mut packages = vec![package.clone()];
+    packages.extend(
+        [
+            format!("linux-modules-{version}"),
+            format!("linux-modules-extra-{version}"),
+        ]
+        .into_iter()
+        .filter(|p| apt_knows(p)),
+    );
     fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
-    eprintln!("cargo-rxe: fetching the VM kernel ({package})");
-    let dl = dir.join("download");
+    eprintln!(
+        "cargo-rxe: fetching the VM kernel ({})",
+        packages.join(", ")
+    );
+    // Names of this process's own: another runner of this user may be fetching too.
+    let pid = std::process::id();
+    let dl = dir.join(format!("download.{pid}"));
     let _ = fs::remove_dir_all(&dl);
     fs::create_dir_all(&dl).map_err(|e| format!("cannot create {}: {e}", dl.display()))?;
     let status = Command::new("apt-get")
-        .args(["download", "-q", "-o", "APT::Sandbox::User=root", &package])
+        .args(["download", "-q", "-o", "APT::Sandbox::User=root"])
+        .args(&packages)
         .current_dir(&dl)
         .stdout(Stdio::null())
         .status()
         .map_err(|e| format!("cannot run apt-get: {e}"))?;
     if !status.success() {
         return Err(format!(
-            "`apt-get download {package}` failed ({status}); run `apt-get update` as root, then retry"
+            "`apt-get download {}` failed ({status}); run `apt-get update` as root, then retry",
+            packages.join(" ")
         ));
     }
-    let deb = fs::read_dir(&dl)
+    let debs: Vec<PathBuf> = fs::read_dir(&dl)
         .map_err(|e| e.to_string())?
         .flatten()
         .map(|e| e.path())
-        .find(|p| p.extension().is_some_and(|x| x == "deb"))
-        .ok_or_else(|| format!("apt-get download left no .deb in {}", dl.display()))?;
-    let staging = dir.join(format!("{version}.partial"));
+        .filter(|p| p.extension().is_some_and(|x| x == "deb"))
+        .collect();
+    if debs.is_empty() {
+        return Err(format!("apt-get download left no .deb in {}", dl.display()));
+    }
+    let staging = dir.join(format!("{version}.partial.{pid}"));
     let _ = fs::remove_dir_all(&staging);
-    run_checked(Command::new("dpkg-deb").arg("-x").arg(&deb).arg(&staging))?;
+    for deb in &debs {
+        run_checked(Command::new("dpkg-deb").arg("-x").arg(deb).arg(&staging))?;
+    }
     // The package ships no modules.dep (its postinst makes it); make it for our tree.
     run_checked(Command::new("depmod").arg("-b").arg(&staging).arg(&version))?;
     let final_dir = dir.join(&version);
-    let _ = fs::remove_dir_all(&final_dir);
-    fs::rename(&staging, &final_dir)
-        .map_err(|e| format!("cannot move the kernel in place: {e}"))?;
+    if find_kernel(&dir).is_none() {
+        let _ = fs::remove_dir_all(&final_dir);
+        fs::rename(&staging, &final_dir)
+            .map_err(|e| format!("cannot move the kernel in place: {e}"))?;
+    }
+    let _ = fs::remove_dir_all(&staging);
     let _ = fs::remove_dir_all(&dl);
     find_kernel(&dir).ok_or_else(|| format!("no vmlinuz in the unpacked {package}"))
 }
@@ -215,7 +257,7 @@ fn find_kernel(dir: &Path) -> Option<Kernel> {
         .flatten()
         .filter_map(|e| {
             let version = e.file_name().to_str()?.to_owned();
-            if version.ends_with(".partial") || version == "download" {
+            if version.contains(".partial") || version.starts_with("download") {
                 return None;
             }
             let base = e.path();

@@ -5,8 +5,9 @@
 //!
 //! Each binary's tests come from `BIN --list` on the host (with the test arguments, so a filter
 //! narrows both the list and the run). In the guest each binary runs in its package's directory,
-//! as `cargo test` runs it, with `--nocapture` added. A test is **passed** when libtest reports
-//! it `ok`; **skipped** when it is `#[ignore]`d, or when it printed a line
+//! as `cargo test` runs it, with `--show-output` added (unless `--nocapture` is given), so that
+//! a passed test's output is printed after libtest's result lines. A test is **passed** when
+//! libtest reports it `ok`; **skipped** when it is `#[ignore]`d, or when it printed a line
 //! `skipping <test>: <reason>` (the skip convention of device tests: a test that finds no device
 //! says so instead of passing); **failed** when libtest reports it `FAILED` or when it never
 //! reported (its binary crashed, hung past `--timeout`, or the VM run ended first). Binaries
@@ -74,7 +75,8 @@ pub struct Script<'a> {
     pub after_each: &'a str,
     /// Shell text after the last binary, before the script exits with its status.
     pub tail: &'a str,
-    /// The arguments of every binary (`--nocapture` is added when missing).
+    /// The arguments of every binary (`--show-output` is added unless it or `--nocapture` is
+    /// there).
     pub args: &'a [String],
     /// Each binary's bound: `timeout` kills it after this long (exit status 124).
     pub timeout: Duration,
@@ -84,8 +86,18 @@ pub struct Script<'a> {
 /// `@@evchan-test-end LABEL STATUS` (read back by [`DeviceLog`]); it exits 1 when any failed.
 pub fn script(bins: &[Binary], s: &Script<'_>) -> String {
     let mut args = s.args.to_vec();
-    if !args.iter().any(|a| a == "--nocapture") {
-        args.push("--nocapture".into());
+    // Skip lines must reach the output: libtest prints a passed test's captured output at the
+    // end with `--show-output`, after clean result lines (with `--nocapture` and several test
+    // threads, the tests' output can split libtest's lines).
+    if !args
+        .iter()
+        .any(|a| a == "--nocapture" || a == "--show-output")
+    {
+        args.push("--show-output".into());
+    }
+    // The guest's console is a terminal: no colours unless asked for.
+    if !args.iter().any(|a| a.starts_with("--color")) {
+        args.push("--color=never".into());
     }
     let mut out = String::from("status=0\nsay() { echo \"evchan-test: $*\"; }\n");
     out.push_str(s.prelude);
@@ -286,7 +298,7 @@ mod tests {
         );
         assert!(s.contains("echo \"@@evchan-test-begin $1\""), "{s}");
         assert!(
-            s.contains("exec timeout 30 \"$2\" --test-threads=1 --nocapture"),
+            s.contains("exec timeout 30 \"$2\" --test-threads=1 --show-output --color=never"),
             "{s}"
         );
         assert!(
@@ -303,6 +315,7 @@ mod tests {
             },
         );
         assert_eq!(once.matches("--nocapture").count(), 1, "{once}");
+        assert!(!once.contains("--show-output"), "{once}");
     }
 
     #[test]

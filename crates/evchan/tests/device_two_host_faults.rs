@@ -2,7 +2,7 @@
 //! the async API, and the cut wire on a core RC connection (issue 11; `docs/RELIABILITY.md`,
 //! "Two hosts"). Each fault is a pair of tests, `NAME_server`
 //! in VM a and `NAME_client` in VM b, in one two-VM boot of its own; the tests ask the VM runner
-//! for the fault themselves (`evchan-vm-fault`, see `crates/xtask/src/vm/fault.sh`). Run them
+//! for the fault themselves (`evchan-vm-fault`, see `crates/cargo-rxe/src/vm/fault.sh`). Run them
 //! with `cargo xtask test` (which runs and counts every pair), or one pair by hand:
 //!
 //! ```text

@@ -33,7 +33,7 @@ pub fn role_is(role: &str) -> bool {
     }
 }
 
-/// Asks the VM runner for a fault (`evchan-vm-fault ARGS`, see `crates/xtask/src/vm/fault.sh`)
+/// Asks the VM runner for a fault (`evchan-vm-fault ARGS`, see `crates/cargo-rxe/src/vm/fault.sh`)
 /// and waits for it to be done; the instant it was done (as this VM's clock saw the answer).
 #[track_caller]
 pub fn fault(request: &str) -> Instant {

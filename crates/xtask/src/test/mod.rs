@@ -204,6 +204,18 @@ pub fn run(args: &[String]) -> Result<i32> {
     );
 
     let start = Instant::now();
+    let packaged = published_packages_ship_licenses();
+    if let Err(e) = &packaged {
+        eprintln!("xtask: {e}");
+    }
+    t.gate(
+        "every published package ships LICENSE-MIT and LICENSE-APACHE (cargo package --list) \
+         and a README without relative links",
+        packaged.is_ok(),
+        start.elapsed(),
+    );
+
+    let start = Instant::now();
     let device_bins = match test_executables("device_") {
         Ok(bins) => bins,
         Err(e) => {
@@ -271,6 +283,45 @@ fn knobs(t: &mut Tally) {
         );
         eprintln!("xtask: {line}");
         t.report.push(format!("        {line}"));
+    }
+}
+
+/// The packages this workspace publishes, by their directory under `crates/`.
+const PUBLISHED: &[&str] = &["evchan-sys", "evchan-core", "evchan", "cargo-rxe"];
+
+/// Each of [`PUBLISHED`] lists both license files in `cargo package --list`, and its README
+/// links nothing by a relative path (which breaks on crates.io).
+fn published_packages_ship_licenses() -> Result<()> {
+    let mut wrong = Vec::new();
+    for p in PUBLISHED {
+        let o = cargo(&["package", "--list", "--allow-dirty", "--quiet", "-p", p])
+            .output()
+            .map_err(|e| format!("cannot run cargo package: {e}"))?;
+        let list = String::from_utf8_lossy(&o.stdout);
+        for f in ["LICENSE-MIT", "LICENSE-APACHE", "README.md"] {
+            if !o.status.success() || !list.lines().any(|l| l == f) {
+                wrong.push(format!("{p}: `cargo package --list` has no {f}"));
+            }
+        }
+        let readme =
+            std::fs::read_to_string(crate::root().join("crates").join(p).join("README.md"))
+                .unwrap_or_default();
+        for link in readme.split("](").skip(1) {
+            let target = link.split(')').next().unwrap_or_default();
+            if !(target.starts_with("https://")
+                || target.starts_with("http://")
+                || target.starts_with('#'))
+            {
+                wrong.push(format!(
+                    "{p}: README.md links `{target}`, which breaks on crates.io"
+                ));
+            }
+        }
+    }
+    if wrong.is_empty() {
+        Ok(())
+    } else {
+        Err(wrong.join("; "))
     }
 }
 
