@@ -20,14 +20,21 @@ pub struct Artifact {
 }
 
 impl Artifact {
-    /// `package-dir-name/target`, e.g. `evchan-core/device_cm`.
+    /// `package-dir-name/target`, e.g. `evchan-core/device_cm`; a target that is not an
+    /// integration test says its kind, `sideway/sideway (lib)`, so that a crate's unit tests
+    /// and a `tests/NAME.rs` of the same name are told apart.
     pub fn label(&self) -> String {
         let dir = self
             .package_dir
             .file_name()
             .and_then(|n| n.to_str())
             .unwrap_or_default();
-        format!("{dir}/{}", self.name)
+        match self.kinds.first() {
+            Some(kind) if !self.kinds.iter().any(|k| k == "test") => {
+                format!("{dir}/{} ({kind})", self.name)
+            }
+            _ => format!("{dir}/{}", self.name),
+        }
     }
 }
 

@@ -10,15 +10,16 @@ Runs programs and tests in a soft-RoCE VM: Debian's kernel under qemu with rdma_
 host's filesystem (read-only, so binaries built here run unchanged there).
 
 commands:
-  test [RXE OPTS] [CARGO TEST OPTS] [-- TEST ARGS]
+  test [RXE OPTS] [CARGO TEST OPTS] [FILTER] [-- TEST ARGS]
                         build the tests on the host (`cargo test --no-run` with the cargo
                         options: -p, --workspace, --features, a filter, ...), list each binary's
                         tests, run the binaries in one VM boot, each in its package's directory
-                        with the TEST ARGS and --nocapture, and end with one line
+                        with the TEST ARGS and --show-output, and end with one line
                         `N passed, N failed, N skipped`. A test that prints
                         `skipping <test>: <reason>` counts as skipped; one that never reports
-                        (crash, hang, VM failure) as failed. Exit status 0 only when none failed
-                        and at least one test ran. Doc-tests are not run.
+                        (crash, hang, VM failure) as failed. Exit status 0 only when none failed,
+                        every binary exited 0 and at least one test passed. A FILTER before `--`
+                        narrows the tests as `cargo test FILTER` does. Doc-tests are not run.
       --timeout SECS    each binary's bound (default 600)
   run [RXE OPTS] [--hosts 2 --server SHELLCMD] -- CMD...
                         run CMD in the VM and exit with its status

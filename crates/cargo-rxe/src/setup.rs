@@ -240,13 +240,13 @@ fn ensure_kernel() -> Result<Kernel> {
     }
     // The package ships no modules.dep (its postinst makes it); make it for our tree.
     run_checked(Command::new("depmod").arg("-b").arg(&staging).arg(&version))?;
-    let final_dir = dir.join(&version);
-    if find_kernel(&dir).is_none() {
-        let _ = fs::remove_dir_all(&final_dir);
-        fs::rename(&staging, &final_dir)
-            .map_err(|e| format!("cannot move the kernel in place: {e}"))?;
-    }
+    // Never over another runner's kernel: a rename onto a directory that exists fails, and
+    // then that runner's kernel is the one to use.
+    let moved = fs::rename(&staging, dir.join(&version));
     let _ = fs::remove_dir_all(&staging);
+    if let (Err(e), None) = (moved, find_kernel(&dir)) {
+        return Err(format!("cannot move the kernel in place: {e}"));
+    }
     let _ = fs::remove_dir_all(&dl);
     find_kernel(&dir).ok_or_else(|| format!("no vmlinuz in the unpacked {package}"))
 }

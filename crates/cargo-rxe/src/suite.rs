@@ -35,32 +35,37 @@ pub struct Binary {
     pub tests: Vec<String>,
 }
 
-/// Lists the tests of each artifact (`EXE --list --format=terse ARGS`, on the host).
-pub fn list(artifacts: &[Artifact], args: &[String]) -> Result<Vec<Binary>> {
-    let mut out = Vec::new();
+/// Lists the tests of each artifact (`EXE --list --format=terse ARGS`, on the host). Labels
+/// are made unique (two packages in directories of the same name: `#2`, `#3`, …). A binary
+/// whose listing fails comes back in the second list, with why.
+pub fn list(artifacts: &[Artifact], args: &[String]) -> (Vec<Binary>, Vec<(String, String)>) {
+    let mut out: Vec<Binary> = Vec::new();
+    let mut failed = Vec::new();
     for a in artifacts {
-        let o = Command::new(&a.exe)
+        let mut label = a.label();
+        let mut n = 1;
+        while out.iter().any(|b| b.label == label) {
+            n += 1;
+            label = format!("{} #{n}", a.label());
+        }
+        let listed = Command::new(&a.exe)
             .args(["--list", "--format=terse"])
             .args(args.iter().filter(|a| !RUN_ONLY.contains(&a.as_str())))
             .current_dir(&a.package_dir)
             .stderr(Stdio::inherit())
-            .output()
-            .map_err(|e| format!("cannot run {}: {e}", a.exe.display()))?;
-        if !o.status.success() {
-            return Err(format!(
-                "`{} --list` failed ({})",
-                a.exe.display(),
-                o.status
-            ));
+            .output();
+        match listed {
+            Ok(o) if o.status.success() => out.push(Binary {
+                label,
+                exe: a.exe.clone(),
+                dir: a.package_dir.clone(),
+                tests: libtest::listed(&String::from_utf8_lossy(&o.stdout)),
+            }),
+            Ok(o) => failed.push((label, format!("`--list` failed ({})", o.status))),
+            Err(e) => failed.push((label, format!("cannot run {}: {e}", a.exe.display()))),
         }
-        out.push(Binary {
-            label: a.label(),
-            exe: a.exe.clone(),
-            dir: a.package_dir.clone(),
-            tests: libtest::listed(&String::from_utf8_lossy(&o.stdout)),
-        });
     }
-    Ok(out)
+    (out, failed)
 }
 
 /// Test arguments that change how tests run, not which: left out of `--list`.
@@ -105,9 +110,9 @@ pub fn script(bins: &[Binary], s: &Script<'_>) -> String {
         out,
         "run() {{\n\
          \x20   echo \"{begin}$1\"\n\
-         \x20   (cd \"$3\" || exit 125; export CARGO_MANIFEST_DIR=\"$3\"; exec timeout {secs} \"$2\" {args}) 2>&1\n\
+         \x20   (cd \"$3\" || exit 125; export CARGO_MANIFEST_DIR=\"$3\"; exec timeout -k 10 {secs} \"$2\" {args}) 2>&1\n\
          \x20   rc=$?\n\
-         \x20   echo \"{end}$1 $rc\"\n\
+         \x20   echo; echo \"{end}$1 $rc\"\n\
          \x20   [ $rc -eq 0 ] || status=1\n\
          {after}}}\n",
         begin = libtest::BEGIN,
@@ -181,23 +186,74 @@ impl Report {
     }
 }
 
-/// `cargo rxe test [RXE OPTIONS] [CARGO TEST OPTIONS] [-- TEST ARGS]`.
+/// Options of `cargo test` that take a value as the next argument: what follows them is not a
+/// test filter.
+const CARGO_VALUE_OPTIONS: &[&str] = &[
+    "-p",
+    "--package",
+    "--exclude",
+    "-F",
+    "--features",
+    "--target",
+    "--target-dir",
+    "--manifest-path",
+    "--profile",
+    "-j",
+    "--jobs",
+    "--bin",
+    "--test",
+    "--example",
+    "--bench",
+    "--color",
+    "--config",
+    "-Z",
+    "--lockfile-path",
+];
+
+/// Test arguments whose output the counting cannot read.
+const UNREADABLE: &[&str] = &["-q", "--quiet", "--format", "--list", "-Z"];
+
+/// Splits `cargo rxe test`'s own arguments before `--` into cargo's and the test filters (a
+/// positional argument, as `cargo test FILTER` takes it), the filters first.
+fn split_cargo_args(own: Vec<String>) -> Result<(Vec<String>, Vec<String>)> {
+    let mut cargo_args = vec!["test".to_owned()];
+    let mut filters = Vec::new();
+    let mut value_next = false;
+    for a in own {
+        if a == "--doc" || a == "--no-run" {
+            return Err(format!("cargo rxe test cannot take `{a}`"));
+        }
+        if value_next || a.starts_with('-') {
+            value_next = !value_next && CARGO_VALUE_OPTIONS.contains(&a.as_str());
+            cargo_args.push(a);
+        } else {
+            filters.push(a);
+        }
+    }
+    Ok((cargo_args, filters))
+}
+
+/// `cargo rxe test [RXE OPTIONS] [CARGO TEST OPTIONS] [FILTER] [-- TEST ARGS]`.
 pub fn cli(args: &[String]) -> Result<i32> {
     let Some(vm::Options {
         job: mut opts,
         own,
-        after: test_args,
+        after,
     }) = vm::options(args, Duration::from_secs(600), &[])?
     else {
         return Ok(0);
     };
-    let mut cargo_args = vec!["test".to_owned()];
-    for (a, _) in own {
-        if a == "--doc" || a == "--no-run" {
-            return Err(format!("cargo rxe test cannot take `{a}`"));
-        }
-        cargo_args.push(a);
+    let (cargo_args, mut test_args) = split_cargo_args(own.into_iter().map(|(a, _)| a).collect())?;
+    if let Some(bad) = after.iter().find(|a| {
+        UNREADABLE
+            .iter()
+            .any(|u| *a == u || a.starts_with(&format!("{u}=")))
+    }) {
+        return Err(format!(
+            "cargo rxe test reads libtest's default output to count the tests: it cannot take `{bad}`"
+        ));
     }
+    test_args.extend(after);
     // `--timeout` bounds each binary; the run's bound follows from the number of binaries.
     let timeout = opts.timeout;
     // Device tests that follow the skip convention fail instead of skipping (`--env` wins).
@@ -210,7 +266,10 @@ pub fn cli(args: &[String]) -> Result<i32> {
         .into_iter()
         .filter(|a| a.test)
         .collect();
-    let all = list(&built, &test_args)?;
+    let (all, unlisted) = list(&built, &test_args);
+    for (label, why) in &unlisted {
+        eprintln!("cargo-rxe: {label}: {why}; it does not run, and the run fails");
+    }
     let (bins, empty): (Vec<Binary>, Vec<Binary>) =
         all.into_iter().partition(|b| !b.tests.is_empty());
     if !empty.is_empty() {
@@ -235,6 +294,11 @@ pub fn cli(args: &[String]) -> Result<i32> {
         .flat_map(|b| [b.exe.clone(), b.dir.clone()])
         .collect();
     keep.push(here);
+    let bound = timeout
+        .checked_mul(u32::try_from(bins.len()).unwrap_or(u32::MAX))
+        .and_then(|t| t.checked_add(Duration::from_secs(300)))
+        .unwrap_or(vm::MAX_TIMEOUT)
+        .min(vm::MAX_TIMEOUT);
     let job = vm::Job {
         command: script(
             &bins,
@@ -245,7 +309,7 @@ pub fn cli(args: &[String]) -> Result<i32> {
             },
         ),
         keep,
-        timeout: timeout * u32::try_from(bins.len()).unwrap_or(u32::MAX) + Duration::from_secs(300),
+        timeout: bound,
         ..opts
     };
     let started = Instant::now();
@@ -260,16 +324,33 @@ pub fn cli(args: &[String]) -> Result<i32> {
             e
         }
     };
+    // A binary that reported every test and still exited non-zero (a crash at exit): its
+    // tests keep their verdicts, and the run fails.
+    let bad_exits: Vec<String> = bins
+        .iter()
+        .filter_map(|b| {
+            let (_, rc) = log.ended.get(&b.label)?;
+            (*rc != 0).then(|| format!("{} exited with {rc}", b.label))
+        })
+        .collect();
     let report = Report::new(&mut log, &bins, &end);
     eprintln!(
         "cargo-rxe: {} binaries in {:.0} s",
         bins.len(),
         started.elapsed().as_secs_f64()
     );
+    let t = report.tally;
+    if t.failed == 0 {
+        for e in &bad_exits {
+            eprintln!("cargo-rxe: {e} after all its tests passed: the run fails");
+        }
+    }
     println!("{}", report.summary());
-    Ok(i32::from(
-        report.tally.failed > 0 || report.tally.total() == 0,
-    ))
+    let failed = t.failed > 0 || !bad_exits.is_empty() || !unlisted.is_empty();
+    if t.passed == 0 && !failed {
+        eprintln!("cargo-rxe: no test passed (all were skipped): the run fails");
+    }
+    Ok(i32::from(failed || t.passed == 0))
 }
 
 #[cfg(test)]
@@ -298,7 +379,7 @@ mod tests {
         );
         assert!(s.contains("echo \"@@evchan-test-begin $1\""), "{s}");
         assert!(
-            s.contains("exec timeout 30 \"$2\" --test-threads=1 --show-output --color=never"),
+            s.contains("exec timeout -k 10 30 \"$2\" --test-threads=1 --show-output --color=never"),
             "{s}"
         );
         assert!(
@@ -316,6 +397,27 @@ mod tests {
         );
         assert_eq!(once.matches("--nocapture").count(), 1, "{once}");
         assert!(!once.contains("--show-output"), "{once}");
+    }
+
+    #[test]
+    fn filters_and_cargo_options_are_told_apart() {
+        let own = |v: &[&str]| v.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
+        let (cargo, filters) = split_cargo_args(own(&[
+            "-p",
+            "foo",
+            "echo",
+            "--features",
+            "a,b",
+            "--release",
+            "x",
+        ]))
+        .unwrap();
+        assert_eq!(
+            cargo,
+            ["test", "-p", "foo", "--features", "a,b", "--release"]
+        );
+        assert_eq!(filters, ["echo", "x"]);
+        assert!(split_cargo_args(own(&["--doc"])).is_err());
     }
 
     #[test]

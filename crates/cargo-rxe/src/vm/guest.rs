@@ -87,9 +87,17 @@ pub(super) fn qemu(
     cmd
 }
 
+/// One run's writable share: its directory, and the lock on its `owner` file that tells other
+/// runners it is in use (released when this drops, or when the process dies).
+#[derive(Debug)]
+pub(super) struct Share {
+    pub(super) dir: PathBuf,
+    _owner: fs::File,
+}
+
 /// A fresh, empty directory for one run's writable share, `runs/PID-N` in the cache. Leftovers
 /// of runs older than an hour whose runner is gone (killed with SIGKILL) are removed on the way.
-pub(super) fn fresh_share() -> Result<PathBuf> {
+pub(super) fn fresh_share() -> Result<Share> {
     let runs = setup::cache_dir()?.join("runs");
     fs::create_dir_all(&runs).map_err(|e| format!("cannot create {}: {e}", runs.display()))?;
     if let Ok(entries) = fs::read_dir(&runs) {
@@ -99,11 +107,9 @@ pub(super) fn fresh_share() -> Result<PathBuf> {
                 .and_then(|m| m.modified())
                 .is_ok_and(|t| t.elapsed().unwrap_or_default() > Duration::from_secs(3600));
             // The cache is shared by every runner of this user: never a live runner's share.
-            let owner_alive = e
-                .file_name()
-                .to_str()
-                .and_then(|n| n.split('-').next())
-                .is_some_and(|pid| Path::new("/proc").join(pid).exists());
+            // Its runner holds a lock on its `owner` file for as long as it runs.
+            let owner_alive = fs::File::open(e.path().join("owner"))
+                .is_ok_and(|f| matches!(f.try_lock(), Err(fs::TryLockError::WouldBlock)));
             if old && !owner_alive {
                 let _ = fs::remove_dir_all(e.path());
             }
@@ -112,7 +118,12 @@ pub(super) fn fresh_share() -> Result<PathBuf> {
     for n in 0..1000u32 {
         let dir = runs.join(format!("{}-{n}", std::process::id()));
         if fs::create_dir(&dir).is_ok() {
-            return Ok(dir);
+            let owner = fs::File::create(dir.join("owner"))
+                .map_err(|e| format!("cannot create {}/owner: {e}", dir.display()))?;
+            owner
+                .lock()
+                .map_err(|e| format!("cannot lock {}/owner: {e}", dir.display()))?;
+            return Ok(Share { dir, _owner: owner });
         }
     }
     Err(format!(
@@ -124,7 +135,8 @@ pub(super) fn fresh_share() -> Result<PathBuf> {
 /// The caller's variables that pass into the guest by themselves: `RXE_*`, `EVCHAN_*` and
 /// `RUST_*`.
 pub fn passed_env() -> Vec<(String, String)> {
-    std::env::vars()
+    std::env::vars_os()
+        .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)))
         .filter(|(k, _)| {
             ["RXE_", "EVCHAN_", "RUST_"]
                 .iter()
@@ -173,11 +185,17 @@ pub(super) fn write_share(share: &Path, job: &Job) -> Result<()> {
     // back into it from the host's read-only view.
     write("tmpfs.list", &lines(&SCRATCH))?;
     let mut keep: Vec<PathBuf> = vec![cwd, share.to_path_buf()];
-    // Directories only: a file's directory is kept with it.
+    // Directories only (a file's directory is kept with it), as they really are (a symlink
+    // into /tmp is kept by its target), and only those that exist.
     keep.extend(job.keep.iter().map(|p| match p.parent() {
         Some(dir) if !p.is_dir() => dir.to_path_buf(),
         _ => p.clone(),
     }));
+    let keep: Vec<PathBuf> = keep
+        .iter()
+        .filter_map(|p| fs::canonicalize(p).ok())
+        .filter(|p| p.is_dir())
+        .collect();
     write("keep.list", &lines(&kept_under_scratch(&keep)))
 }
 
@@ -277,15 +295,42 @@ pub(super) fn initramfs(kernel: &Kernel) -> Result<PathBuf> {
                 continue;
             };
             let path = Path::new(rest.split_whitespace().next().unwrap_or_default());
-            let name = path
+            let file = path
                 .file_name()
                 .and_then(|n| n.to_str())
-                .and_then(|n| n.strip_suffix(".ko"))
-                .ok_or_else(|| format!("unexpected module file {}", path.display()))?
-                .to_owned();
+                .unwrap_or_default();
+            // Debian's modules are plain `.ko`; Ubuntu's (and newer Debian's) are compressed,
+            // which busybox's insmod cannot read: unpacked here.
+            let (name, unpack) = [
+                (".ko", None),
+                (".ko.xz", Some("xz")),
+                (".ko.zst", Some("zstd")),
+                (".ko.gz", Some("gzip")),
+            ]
+            .into_iter()
+            .find_map(|(suffix, tool)| Some((file.strip_suffix(suffix)?.to_owned(), tool)))
+            .ok_or_else(|| format!("unexpected module file {}", path.display()))?;
             if !order.contains(&name) {
-                let ko =
-                    fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+                let ko = match unpack {
+                    None => fs::read(path)
+                        .map_err(|e| format!("cannot read {}: {e}", path.display()))?,
+                    Some(tool) => {
+                        let o = Command::new(tool)
+                            .arg("-dc")
+                            .arg(path)
+                            .output()
+                            .map_err(|e| {
+                                format!(
+                                    "cannot run {tool} for {}: {e} (install it)",
+                                    path.display()
+                                )
+                            })?;
+                        if !o.status.success() {
+                            return Err(format!("{tool} -dc {} failed", path.display()));
+                        }
+                        o.stdout
+                    }
+                };
                 fs::write(
                     staging.join("modules").join(format!("{name}.ko")),
                     unsigned(&ko),

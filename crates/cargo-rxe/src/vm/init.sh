@@ -34,30 +34,33 @@ done
 mkdir -p /newroot
 mount -t 9p -o trans=virtio,version=9p2000.L,ro,msize=262144 hostroot /newroot ||
     fail "cannot mount the host filesystem (9p)"
+mount -t 9p -o trans=virtio,version=9p2000.L,msize=262144 share "/newroot$share" ||
+    fail "cannot mount the result share at $share"
+# A fresh, writable tmpfs on each scratch directory (tmpfs.list). The paths of keep.list (each
+# under one of them: a checkout under /tmp, the share) are bound aside first, while the host's
+# view of them is still in sight (before /dev's devtmpfs hides /dev/shm), then back into the
+# tmpfs: they stay what the host has, read-only like the rest of it (the share stays writable).
+mkdir -p /keep
+i=0
+while read -r k; do
+    [ -n "$k" ] || continue
+    i=$((i + 1))
+    mkdir -p "/keep/$i"
+    mount -o rbind "/newroot$k" "/keep/$i" || fail "cannot keep $k visible in the guest"
+    echo "$k" >"/keep/$i.path"
+done <"/newroot$share/keep.list"
 mount -t proc proc /newroot/proc
 mount -t sysfs sys /newroot/sys
 mount -t devtmpfs dev /newroot/dev
-mount -t 9p -o trans=virtio,version=9p2000.L,msize=262144 share "/newroot$share" ||
-    fail "cannot mount the result share at $share"
-# A fresh, writable tmpfs on each scratch directory (tmpfs.list). The paths of keep.list under
-# one (a checkout under /tmp, the share) are first bound aside, then back into the tmpfs: they
-# stay what the host has, read-only like the rest of it (the share stays writable).
-mkdir -p /keep
-i=0
 while read -r d; do
     [ -n "$d" ] || continue
-    kept=""
-    while read -r k; do
-        case "$k" in "$d"/*) ;; *) continue ;; esac
-        i=$((i + 1))
-        mkdir -p "/keep/$i"
-        mount -o rbind "/newroot$k" "/keep/$i" && kept="$kept $i"
-        echo "$k" >"/keep/$i.path"
-    done <"/newroot$share/keep.list"
     mkdir -p "/newroot$d" 2>/dev/null
     mount -t tmpfs tmpfs "/newroot$d" || fail "cannot mount a tmpfs on $d"
-    for n in $kept; do
+    n=0
+    while [ $n -lt $i ]; do
+        n=$((n + 1))
         k="$(cat "/keep/$n.path")"
+        case "$k" in "$d"/*) ;; *) continue ;; esac
         mkdir -p "/newroot$k" && mount -o rbind "/keep/$n" "/newroot$k" ||
             fail "cannot keep $k visible under the tmpfs on $d"
     done

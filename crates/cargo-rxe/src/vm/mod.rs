@@ -14,7 +14,7 @@
 //! killed that way is expected to end without an exit status; the others' statuses decide.
 //!
 //! This module holds the CLI, the job and the run itself (booting, streaming the consoles,
-//! carrying out fault requests); [`guest`] builds what each guest is made of.
+//! carrying out fault requests); `guest.rs` builds what each guest is made of.
 
 mod fault;
 mod guest;
@@ -171,7 +171,26 @@ pub fn options(args: &[String], timeout: Duration, with_value: &[&str]) -> Resul
         own: Vec::new(),
         after: Vec::new(),
     };
-    let mut it = args.iter();
+    // `--opt=value` is `--opt value`, for the options read here.
+    let mut split: Vec<String> = Vec::new();
+    let mut rest = args.iter();
+    for a in rest.by_ref() {
+        if a == "--" {
+            split.push(a.clone());
+            break;
+        }
+        match a.split_once('=') {
+            Some((opt, v))
+                if ["--env", "--timeout", "--accel"].contains(&opt)
+                    || with_value.contains(&opt) =>
+            {
+                split.extend([opt.to_owned(), v.to_owned()]);
+            }
+            _ => split.push(a.clone()),
+        }
+    }
+    split.extend(rest.cloned());
+    let mut it = split.iter();
     while let Some(a) = it.next() {
         let mut value = |name: &str| {
             it.next()
@@ -212,11 +231,21 @@ pub fn env_pair(kv: &str) -> Result<(String, String)> {
     Ok((k.to_owned(), v.to_owned()))
 }
 
-/// Whole seconds of `--timeout`.
+/// The longest `--timeout`: 30 days.
+pub const MAX_TIMEOUT: Duration = Duration::from_secs(30 * 24 * 3600);
+
+/// Whole seconds of `--timeout`, at most [`MAX_TIMEOUT`].
 pub fn seconds(s: &str) -> Result<Duration> {
     s.parse()
+        .ok()
         .map(Duration::from_secs)
-        .map_err(|_| format!("--timeout takes whole seconds, not `{s}`"))
+        .filter(|d| *d <= MAX_TIMEOUT)
+        .ok_or_else(|| {
+            format!(
+                "--timeout takes whole seconds up to {}, not `{s}`",
+                MAX_TIMEOUT.as_secs()
+            )
+        })
 }
 
 /// Quotes argv into one POSIX shell line.
@@ -240,7 +269,20 @@ pub fn shell_join(args: &[String]) -> String {
 pub fn run(job: &Job, out: &mut dyn FnMut(&str)) -> Result<Outcome> {
     let kernel = setup::ensure()?;
     let initrd = initramfs(&kernel)?;
-    let share = fresh_share()?;
+    // The lock on the share's `owner` file lives as long as this run.
+    let owned = fresh_share()?;
+    let share = owned.dir.clone();
+    // The share's path goes on the kernel's command line and into qemu's options.
+    if share
+        .to_str()
+        .is_none_or(|s| s.contains([' ', ',', '\t', '\n']))
+    {
+        return Err(format!(
+            "the run directory {} has a space, comma or other character that qemu's options \
+             and the kernel's command line cannot carry: set XDG_CACHE_HOME to a plain path",
+            share.display()
+        ));
+    }
     write_share(&share, job)?;
 
     let roles: &[&str] = if job.server.is_some() {

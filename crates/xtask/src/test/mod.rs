@@ -336,7 +336,14 @@ fn gate(t: &mut Tally, name: &str, args: &[&str]) {
 type DeviceBin = cargo_rxe::suite::Binary;
 
 fn list_device_tests(bins: &[Artifact]) -> Result<Vec<DeviceBin>> {
-    cargo_rxe::suite::list(bins, &[])
+    match cargo_rxe::suite::list(bins, &[]) {
+        (listed, failed) if failed.is_empty() => Ok(listed),
+        (_, failed) => Err(failed
+            .iter()
+            .map(|(label, why)| format!("{label}: {why}"))
+            .collect::<Vec<_>>()
+            .join("; ")),
+    }
 }
 
 fn finish(t: &Tally) -> i32 {
