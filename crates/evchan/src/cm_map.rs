@@ -104,6 +104,7 @@ pub(crate) fn rejected(event: &CmEvent<'_>) -> Error {
             .status()
             .reject_reason()
             .unwrap_or(RejectReason(event.raw_status())),
+        busy: crate::Busy::from_private_data(&private_data),
         private_data,
     }
 }

@@ -27,6 +27,7 @@ pub struct Config {
     pub(crate) connect_timeout: Duration,
     pub(crate) shards: usize,
     pub(crate) backlog: u32,
+    pub(crate) max_connections: u32,
     pub(crate) busy_poll: Option<Duration>,
     pub(crate) keepalive: Option<Duration>,
     pub(crate) retry_count: u8,
@@ -40,7 +41,8 @@ impl Default for Config {
 
 impl Config {
     /// The defaults: 4 KiB messages, 16 receives and 16 sends in flight per connection, 2 s to
-    /// resolve the address and the route each, 10 s to connect, a backlog of 128, one
+    /// resolve the address and the route each, 10 s to connect, a backlog of 128, no limit on
+    /// a listener's connections (`max_connections`), one
     /// event-channel shard per available CPU, no busy poll, a keepalive after 15 s without a
     /// completion, 6 transport retries.
     #[must_use]
@@ -55,6 +57,7 @@ impl Config {
             connect_timeout: Duration::from_secs(10),
             shards: std::thread::available_parallelism().map_or(1, usize::from),
             backlog: 128,
+            max_connections: u32::MAX,
             busy_poll: None,
             keepalive: Some(Duration::from_secs(15)),
             retry_count: 6,
@@ -139,6 +142,26 @@ impl Config {
         self
     }
 
+    /// A listener's admission control: at most `n` of its connections at a time, from the
+    /// request until the connection is released (closed, lost or dropped, and its QP
+    /// destroyed). A request beyond them is rejected at once and the client's `connect` fails
+    /// with [`Error::Rejected`](crate::Error::Rejected) whose `busy` is
+    /// [`Busy::Connections`](crate::Busy::Connections); the listener and its connections carry
+    /// on, and a `tracing` warning says the limit was reached (once, until a request is
+    /// admitted again). For a plain librdmacm client the reject's private data is the ASCII
+    /// text `evchan-busy:connections` (see [`Busy`](crate::Busy)). Default: no limit. Only a
+    /// listener's `Config` reads it.
+    ///
+    /// ```
+    /// let config = evchan::Config::new().max_connections(1_000);
+    /// # drop(config);
+    /// ```
+    #[must_use]
+    pub fn max_connections(mut self, n: u32) -> Self {
+        self.max_connections = n;
+        self
+    }
+
     /// Busy-poll: a `recv` that finds nothing, and a `send` that finds no credit or send slot
     /// free (the first in line, when several wait), polls the connection's completion queue
     /// without sleeping for up to `window` from its first poll (like rsocket's polling
@@ -206,6 +229,9 @@ impl Config {
         }
         if self.backlog == 0 {
             return bad("backlog must be at least 1");
+        }
+        if self.max_connections == 0 {
+            return bad("max_connections must be at least 1");
         }
         if self.retry_count > 6 {
             return bad("retry_count must be within 0..=6 (rdma_rxe retries 7 forever)");

@@ -72,6 +72,58 @@ pub enum Lost {
     Shutdown,
 }
 
+/// Why a busy evchan server refused a connection ([`Error::Rejected`]'s `busy`).
+///
+/// On the wire, for any librdmacm client: the reject's private data is the ASCII text
+/// `evchan-busy:` followed by the cause's name (`connections`, `backlog`), with no terminator
+/// (the IB CM pads it with zeros).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Busy {
+    /// The listener holds [`Config::max_connections`](crate::Config::max_connections)
+    /// connections.
+    Connections,
+    /// The listener holds [`Config::backlog`](crate::Config::backlog) half-open connections
+    /// (requests not yet accepted, or accepted and not yet established).
+    Backlog,
+}
+
+impl Busy {
+    /// The reject private data's prefix.
+    pub(crate) const PREFIX: &'static [u8] = b"evchan-busy:";
+
+    /// The cause's name on the wire.
+    pub fn name(self) -> &'static str {
+        match self {
+            Busy::Connections => "connections",
+            Busy::Backlog => "backlog",
+        }
+    }
+
+    /// The reject's private data.
+    pub(crate) fn private_data(self) -> Vec<u8> {
+        [Self::PREFIX, self.name().as_bytes()].concat()
+    }
+
+    /// The cause of a reject's private data (zeros after it ignored), if it is a busy reject.
+    pub(crate) fn from_private_data(data: &[u8]) -> Option<Self> {
+        let end = data.iter().rposition(|&b| b != 0).map_or(0, |i| i + 1);
+        let name = data[..end].strip_prefix(Self::PREFIX)?;
+        [Busy::Connections, Busy::Backlog]
+            .into_iter()
+            .find(|b| b.name().as_bytes() == name)
+    }
+}
+
+impl std::fmt::Display for Busy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Busy::Connections => "it holds its maximum of connections",
+            Busy::Backlog => "its backlog of half-open connections is full",
+        })
+    }
+}
+
 /// An error of the async connection API.
 ///
 /// Its `Debug` is its message, then each cause on a line of its own: what a `main` that
@@ -84,13 +136,17 @@ pub enum Error {
     #[error(transparent)]
     NoDevice(#[from] evchan_core::NoDevice),
     /// The peer rejected the connection (`REJECTED`): reason 8 when nobody listens on the port,
-    /// 28 when the application rejected it; with the private data it sent.
-    #[error("connection rejected: {reason}")]
+    /// 28 when the application (or evchan's admission control) rejected it; with the private
+    /// data it sent, and why when an evchan server was too busy to take it.
+    #[error("connection rejected: {reason}{}", busy.map(|b| format!(" (the server is busy: {b})")).unwrap_or_default())]
     Rejected {
         /// The IB CM reject reason.
         reason: RejectReason,
-        /// The reject's private data (user data of an evchan peer, as sent).
+        /// The reject's private data (user data of an evchan peer, as sent; for a busy
+        /// server, `evchan-busy:` and the cause).
         private_data: Vec<u8>,
+        /// An evchan server refused the connection for want of room: retry later, or elsewhere.
+        busy: Option<Busy>,
     },
     /// The peer is unreachable (`UNREACHABLE`).
     #[error("peer unreachable: {0}")]
@@ -215,5 +271,31 @@ fn qp_error_cause(event: Option<AsyncEventKind>) -> String {
     match event {
         Some(kind) => format!("async event {kind:?}"),
         None => "its work requests were flushed".into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Busy;
+
+    #[test]
+    fn busy_rejects_round_trip_and_nothing_else_is_busy() {
+        for b in [Busy::Connections, Busy::Backlog] {
+            let mut wire = b.private_data();
+            assert_eq!(Busy::from_private_data(&wire), Some(b));
+            // The IB CM pads the private data with zeros.
+            wire.resize(148, 0);
+            assert_eq!(Busy::from_private_data(&wire), Some(b));
+        }
+        assert_eq!(Busy::Connections.private_data(), b"evchan-busy:connections");
+        for other in [
+            &b""[..],
+            b"go away",
+            b"evchan-busy:",
+            b"evchan-busy:connectionsX",
+            b"evchan-busy:backlog\0x",
+        ] {
+            assert_eq!(Busy::from_private_data(other), None, "{other:?}");
+        }
     }
 }

@@ -66,7 +66,7 @@ pub use connection::{
     ConnectBuilder, Connection, RecvHalf, SendHalf, MAX_ACCEPT_PRIVATE_DATA,
     MAX_CONNECT_PRIVATE_DATA, MAX_REJECT_PRIVATE_DATA,
 };
-pub use error::{Error, Lost, Result, Step};
+pub use error::{Busy, Error, Lost, Result, Step};
 pub use listener::{Incoming, Listener};
 pub use stream::Stream;
 

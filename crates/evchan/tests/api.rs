@@ -38,6 +38,7 @@ fn bad_configuration_is_a_typed_error() {
         Config::new().send_depth(1 << 20),
         Config::new().max_message(0),
         Config::new().backlog(0),
+        Config::new().max_connections(0),
         Config::new().retry_count(7),
         Config::new().keepalive(Some(std::time::Duration::ZERO)),
     ] {

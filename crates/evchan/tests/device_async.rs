@@ -307,9 +307,11 @@ async fn rejected_with_reason_and_private_data() {
         Error::Rejected {
             reason,
             private_data,
+            busy,
         } => {
             assert_eq!(reason.0, 28);
             assert_eq!(private_data, b"go away");
+            assert_eq!(busy, None, "an application's reject is not a busy server");
         }
         e => panic!("expected a reject, got {e}"),
     }

@@ -106,6 +106,9 @@ pub(super) struct Conn<'s> {
     pub(super) last_activity: Instant,
     /// A listener's half-open ticket, until `ESTABLISHED` (or the connection goes).
     pub(super) half_open: Option<super::half_open::HalfOpen>,
+    /// An accepted connection's admission ticket (`Config::max_connections` of its listener),
+    /// given back when the connection is released.
+    pub(super) live: Option<super::half_open::HalfOpen>,
 }
 
 impl Conn<'_> {
@@ -133,6 +136,7 @@ impl Conn<'_> {
             disconnect_deferred: false,
             last_activity: Instant::now(),
             half_open: None,
+            live: None,
         }
     }
 

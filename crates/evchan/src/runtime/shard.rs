@@ -75,6 +75,8 @@ pub(super) struct Migrated<'s> {
     peer: Peer,
     accept_queue: mpsc::Sender<crate::Incoming>,
     ticket: HalfOpen,
+    /// The listener's admission ticket, held for the connection's life.
+    live: HalfOpen,
 }
 
 struct Listening<'s> {
@@ -82,6 +84,11 @@ struct Listening<'s> {
     config: Config,
     accept_queue: mpsc::Sender<crate::Incoming>,
     half_open: HalfOpenLimit,
+    /// `Config::max_connections`: one ticket per connection, from its request to its release.
+    live: HalfOpenLimit,
+    /// A request was refused for want of a ticket and no request was admitted since: the
+    /// warning was said.
+    full: bool,
 }
 
 struct Shard<'s> {

@@ -73,6 +73,8 @@ impl<'s> Shard<'s> {
             Listening {
                 id,
                 half_open: HalfOpenLimit::new(config.backlog),
+                live: HalfOpenLimit::new(config.max_connections),
+                full: false,
                 config,
                 accept_queue: tx,
             },
@@ -193,7 +195,7 @@ impl<'s> Shard<'s> {
     }
 
     fn on_request(&mut self, listener: ConnId, id: CmId<'s, Requested>, private_data: &[u8]) {
-        let Some(l) = self.listeners.get(&listener) else {
+        let Some(l) = self.listeners.get_mut(&listener) else {
             return;
         };
         let peer = match proto::decode(private_data) {
@@ -204,11 +206,24 @@ impl<'s> Shard<'s> {
                 return;
             }
         };
-        let Some(ticket) = l.half_open.take().filter(|_| l.accept_queue.capacity() > 0) else {
-            tracing::debug!("backlog of half-open connections full: request rejected");
-            let _ = id.reject(&[]);
+        let Some(live) = l.live.take() else {
+            if !std::mem::replace(&mut l.full, true) {
+                tracing::warn!(
+                    max_connections = l.config.max_connections,
+                    "the listener holds its maximum of connections: requests are rejected \
+                     (evchan-busy:connections) until one is released"
+                );
+            }
+            let _ = id.reject(&crate::Busy::Connections.private_data());
             return;
         };
+        l.full = false;
+        let Some(ticket) = l.half_open.take().filter(|_| l.accept_queue.capacity() > 0) else {
+            tracing::debug!("backlog of half-open connections full: request rejected");
+            let _ = id.reject(&crate::Busy::Backlog.private_data());
+            return;
+        };
+        let (config, accept_queue) = (l.config.clone(), l.accept_queue.clone());
         let Some(rt) = self.runtime() else {
             let _ = id.reject(&[]);
             return;
@@ -218,10 +233,11 @@ impl<'s> Shard<'s> {
         let m = Migrated {
             id,
             conn,
-            config: l.config.clone(),
+            config,
             peer,
-            accept_queue: l.accept_queue.clone(),
+            accept_queue,
             ticket,
+            live,
         };
         if target == self.env.index {
             return self.on_migrated(m);
@@ -264,6 +280,7 @@ impl<'s> Shard<'s> {
         let mut c = Conn::new(m.conn, IdState::Requested(m.id), Phase::Requested, m.config);
         tracing::debug!(parent: &c.span, peer = ?peer_addr, "request");
         half_open(&mut c, m.ticket);
+        c.live = Some(m.live);
         c.peer = Some(m.peer);
         c.peer_addr = peer_addr;
         c.local_addr = local_addr;
