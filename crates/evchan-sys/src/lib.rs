@@ -136,6 +136,28 @@ pub fn raise_open_files_limit() -> std::io::Result<u64> {
     Ok(lim.rlim_cur)
 }
 
+/// `setrlimit(RLIMIT_NOFILE)`: sets this process's soft limit of open descriptors to `soft`
+/// (at most its hard limit), and returns the new soft limit. The tests that run a server out
+/// of descriptors use it to get there quickly.
+///
+/// # Errors
+/// `getrlimit`'s or `setrlimit`'s `errno`.
+///
+/// # References
+/// `getrlimit(2)`, `RLIMIT_NOFILE`.
+pub fn set_open_files_limit(soft: u64) -> std::io::Result<u64> {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: `lim` is a valid out-pointer for the call's duration.
+    cvt(unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) })?;
+    lim.rlim_cur = soft.min(lim.rlim_max);
+    // SAFETY: `lim` is a valid, initialised limit (the soft limit at most the hard one).
+    cvt(unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &lim) })?;
+    Ok(lim.rlim_cur)
+}
+
 /// `prctl(PR_SET_THP_DISABLE, 1)`: no transparent huge pages for this process from now on, so
 /// that its resident set grows by the pages it touches. Without it, where THP is `always` (as
 /// in Debian's kernel), khugepaged may at any moment fold a 2 MiB range of which a few pages

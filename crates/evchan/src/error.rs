@@ -75,7 +75,8 @@ pub enum Lost {
 /// Why a busy evchan server refused a connection ([`Error::Rejected`]'s `busy`).
 ///
 /// On the wire, for any librdmacm client: the reject's private data is the ASCII text
-/// `evchan-busy:` followed by the cause's name (`connections`, `backlog`), with no terminator
+/// `evchan-busy:` followed by the cause's name (`connections`, `backlog`, `descriptors`), with
+/// no terminator
 /// (the IB CM pads it with zeros).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
@@ -86,6 +87,9 @@ pub enum Busy {
     /// The listener holds [`Config::backlog`](crate::Config::backlog) half-open connections
     /// (requests not yet accepted, or accepted and not yet established).
     Backlog,
+    /// The server process is out of file descriptors (`EMFILE`, `ENFILE`) for the
+    /// connection's completion channel.
+    Descriptors,
 }
 
 impl Busy {
@@ -97,6 +101,7 @@ impl Busy {
         match self {
             Busy::Connections => "connections",
             Busy::Backlog => "backlog",
+            Busy::Descriptors => "descriptors",
         }
     }
 
@@ -109,7 +114,7 @@ impl Busy {
     pub(crate) fn from_private_data(data: &[u8]) -> Option<Self> {
         let end = data.iter().rposition(|&b| b != 0).map_or(0, |i| i + 1);
         let name = data[..end].strip_prefix(Self::PREFIX)?;
-        [Busy::Connections, Busy::Backlog]
+        [Busy::Connections, Busy::Backlog, Busy::Descriptors]
             .into_iter()
             .find(|b| b.name().as_bytes() == name)
     }
@@ -120,6 +125,7 @@ impl std::fmt::Display for Busy {
         f.write_str(match self {
             Busy::Connections => "it holds its maximum of connections",
             Busy::Backlog => "its backlog of half-open connections is full",
+            Busy::Descriptors => "it is out of file descriptors",
         })
     }
 }
@@ -225,6 +231,23 @@ impl Error {
     }
 }
 
+impl Error {
+    /// Whether this error, or one of its causes, is the OS refusing a descriptor (`EMFILE`:
+    /// the process's limit; `ENFILE`: the system's).
+    pub(crate) fn is_out_of_descriptors(&self) -> bool {
+        let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(self);
+        while let Some(e) = cause {
+            if let Some(io) = e.downcast_ref::<io::Error>() {
+                if matches!(io.raw_os_error(), Some(23 | 24)) {
+                    return true;
+                }
+            }
+            cause = e.source();
+        }
+        false
+    }
+}
+
 impl From<evchan_core::Error> for Error {
     fn from(e: evchan_core::Error) -> Self {
         match e {
@@ -280,7 +303,7 @@ mod tests {
 
     #[test]
     fn busy_rejects_round_trip_and_nothing_else_is_busy() {
-        for b in [Busy::Connections, Busy::Backlog] {
+        for b in [Busy::Connections, Busy::Backlog, Busy::Descriptors] {
             let mut wire = b.private_data();
             assert_eq!(Busy::from_private_data(&wire), Some(b));
             // The IB CM pads the private data with zeros.

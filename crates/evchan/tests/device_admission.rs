@@ -28,6 +28,24 @@ async fn echo(conn: &mut Connection, text: &'static str) {
     assert_eq!(&back[..], text.as_bytes());
 }
 
+/// `e` is a consumer reject (reason 28) of a busy server for `cause`, whose private data is
+/// `wire` (what a plain librdmacm client reads in the REJECTED event).
+fn assert_busy(e: &Error, cause: Busy, wire: &[u8]) {
+    match e {
+        Error::Rejected {
+            reason,
+            private_data,
+            busy,
+        } => {
+            assert_eq!(reason.0, 28, "a consumer reject: {e}");
+            assert_eq!(*busy, Some(cause), "{e}");
+            assert_eq!(private_data, wire);
+        }
+        other => panic!("expected a busy reject, got {other:?}"),
+    }
+    assert!(e.to_string().contains("busy"), "{e}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn max_connections_rejects_typed_and_the_rest_carry_on() {
     require_device!();
@@ -44,20 +62,7 @@ async fn max_connections_rejects_typed_and_the_rest_carry_on() {
         let e = step("connect c", Connection::connect(addr))
             .await
             .expect_err("a third connection beyond max_connections(2)");
-        match &e {
-            Error::Rejected {
-                reason,
-                private_data,
-                busy,
-            } => {
-                assert_eq!(reason.0, 28, "a consumer reject: {e}");
-                assert_eq!(*busy, Some(Busy::Connections), "{e}");
-                // What a plain librdmacm client reads in the REJECTED event.
-                assert_eq!(private_data, b"evchan-busy:connections");
-            }
-            other => panic!("expected a busy reject, got {other:?}"),
-        }
-        assert!(e.to_string().contains("busy"), "{e}");
+        assert_busy(&e, Busy::Connections, b"evchan-busy:connections");
     }
 
     // The two admitted connections were not disturbed.
@@ -85,4 +90,100 @@ async fn max_connections_rejects_typed_and_the_rest_carry_on() {
     step("close b", b.close()).await.unwrap();
     step("close c", c.close()).await.unwrap();
     server.abort();
+}
+
+/// Set in the child process that plays the server of
+/// [`out_of_descriptors_rejects_typed_and_the_server_carries_on`].
+const SERVER_ROLE: &str = "EVCHAN_ADMISSION_EMFILE_SERVER";
+
+/// The server's half, in a process of its own (its descriptors are what runs out): it
+/// listens, takes every descriptor its lowered limit leaves, and says so; the first request's
+/// accept must fail for want of descriptors; then it gives them back, and the next request is
+/// accepted and echoed.
+async fn emfile_server(addr: std::net::SocketAddr) {
+    let listener = Listener::bind(addr, Config::new()).await.unwrap();
+    evchan_sys::set_open_files_limit(256).unwrap();
+    let mut filler = Vec::new();
+    loop {
+        match std::fs::File::open("/dev/null") {
+            Ok(f) => filler.push(f),
+            Err(e) if e.raw_os_error() == Some(24) => break,
+            Err(e) => panic!("opening /dev/null: {e}"),
+        }
+    }
+    println!("@@emfile-server-full {} descriptors taken", filler.len());
+    let first = step("the first request", listener.accept()).await.unwrap();
+    let e = step("the first accept", first.accept(b""))
+        .await
+        .expect_err("an accept without a descriptor left");
+    println!("@@emfile-server-refused {e}");
+    drop(filler);
+    println!("@@emfile-server-released");
+    let second = step("the second request", listener.accept()).await.unwrap();
+    let mut conn = step("the second accept", second.accept(b"")).await.unwrap();
+    while let Some(msg) = step("recv", conn.recv()).await.unwrap() {
+        step("send", conn.send(msg)).await.unwrap();
+    }
+    println!("@@emfile-server-done");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn out_of_descriptors_rejects_typed_and_the_server_carries_on() {
+    require_device!();
+    if let Ok(port) = std::env::var(SERVER_ROLE) {
+        return emfile_server(v4(port.parse().unwrap())).await;
+    }
+    use std::io::BufRead as _;
+    let port = port(2);
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "out_of_descriptors_rejects_typed_and_the_server_carries_on",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(SERVER_ROLE, port.to_string())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<String>();
+    let out = child.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(out).lines().map_while(Result::ok) {
+            println!("[server] {line}");
+            let _ = tx.send(line);
+        }
+    });
+    let mut wait_for = async |marker: &str| loop {
+        let line = step(marker, rx.recv())
+            .await
+            .expect("the server's output ended");
+        if line.contains(marker) {
+            return line;
+        }
+    };
+    wait_for("@@emfile-server-full").await;
+    let addr = v4(port);
+    let e = step(
+        "connect while the server is out of descriptors",
+        Connection::connect(addr),
+    )
+    .await
+    .expect_err("a connection to a server out of descriptors");
+    assert_busy(&e, Busy::Descriptors, b"evchan-busy:descriptors");
+    let refused = wait_for("@@emfile-server-refused").await;
+    assert!(refused.contains("Too many open files"), "{refused}");
+    wait_for("@@emfile-server-released").await;
+    // The server carries on: the same listener accepts the next request.
+    let mut conn = step("connect after the release", Connection::connect(addr))
+        .await
+        .unwrap();
+    echo(&mut conn, "served once descriptors were free again").await;
+    step("close", conn.close()).await.unwrap();
+    wait_for("@@emfile-server-done").await;
+    let status = tokio::task::spawn_blocking(move || child.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(status.success(), "the server process: {status}");
 }

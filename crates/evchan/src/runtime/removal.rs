@@ -244,12 +244,18 @@ pub(crate) fn node_gone(opened: &[String]) -> Option<&str> {
 }
 
 /// The devices that have a verbs device node now (`/sys/class/infiniband_verbs/*/ibdev`);
-/// `None` when sysfs cannot be read.
+/// `None` when sysfs cannot be read, wholly or in part: a process out of descriptors
+/// (`EMFILE`) must not take a device it cannot look at for a device that is gone.
 pub(crate) fn verbs_devices() -> Option<Vec<String>> {
     let dir = std::fs::read_dir("/sys/class/infiniband_verbs").ok()?;
-    Some(
-        dir.filter_map(|e| std::fs::read_to_string(e.ok()?.path().join("ibdev")).ok())
-            .map(|s| s.trim().to_owned())
-            .collect(),
-    )
+    let mut names = Vec::new();
+    for entry in dir {
+        match std::fs::read_to_string(entry.ok()?.path().join("ibdev")) {
+            Ok(s) => names.push(s.trim().to_owned()),
+            // The node went between the listing and the read: that device is going.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(_) => return None,
+        }
+    }
+    Some(names)
 }

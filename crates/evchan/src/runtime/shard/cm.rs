@@ -100,6 +100,18 @@ impl<'s> Shard<'s> {
         c.phase = Phase::Setup(Step::Connect);
         c.deadline = Some(Instant::now() + c.config.connect_timeout);
         if let Err(e) = self.setup_path(conn) {
+            if e.is_out_of_descriptors() {
+                // Refused, and said so, rather than an opaque failure: the peer reads why.
+                tracing::warn!(
+                    "out of file descriptors for a connection: the request is rejected \
+                     (evchan-busy:descriptors); raise the open-files limit \
+                     (evchan_sys::raise_open_files_limit) or lower Config::max_connections: {e}"
+                );
+                if let Some(reply) = self.conns.get_mut(&conn).and_then(|c| c.reply.take()) {
+                    let _ = reply.send(Err(e));
+                }
+                return self.reject(conn, &crate::Busy::Descriptors.private_data());
+            }
             return self.fail_setup(conn, e);
         }
         let c = self.conns.get_mut(&conn).expect("present");
