@@ -150,7 +150,8 @@ impl Config {
     /// on, and a `tracing` warning says the limit was reached (once, until a request is
     /// admitted again). For a plain librdmacm client the reject's private data is the ASCII
     /// text `evchan-busy:connections` (see [`Busy`](crate::Busy)). Default: no limit. Only a
-    /// listener's `Config` reads it.
+    /// listener's `Config` reads it. A connection whose peer died silently holds its place
+    /// until the loss is noticed: by the [`keepalive`](Self::keepalive), or by the next send.
     ///
     /// ```
     /// let config = evchan::Config::new().max_connections(1_000);

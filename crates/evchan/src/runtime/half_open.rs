@@ -5,6 +5,9 @@
 //! `Config::connect_timeout` from the request and again from the accept, so a peer that never
 //! completes its side holds a ticket for at most twice that, and the QP and slots made at the
 //! accept for at most once that (plus the drain of a connection that failed, 15 s at most).
+//!
+//! The same counter bounds a listener's connections (`Config::max_connections`): a ticket
+//! taken at the request and held by the connection until it is released.
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;

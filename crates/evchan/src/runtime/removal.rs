@@ -250,10 +250,16 @@ pub(crate) fn verbs_devices() -> Option<Vec<String>> {
     let dir = std::fs::read_dir("/sys/class/infiniband_verbs").ok()?;
     let mut names = Vec::new();
     for entry in dir {
-        match std::fs::read_to_string(entry.ok()?.path().join("ibdev")) {
+        let entry = entry.ok()?;
+        // Only the device nodes (`uverbsN`): beside them lies the file `abi_version`.
+        if !entry.file_name().to_string_lossy().starts_with("uverbs") {
+            continue;
+        }
+        match std::fs::read_to_string(entry.path().join("ibdev")) {
             Ok(s) => names.push(s.trim().to_owned()),
             // The node went between the listing and the read: that device is going.
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            // Anything else (EMFILE, ENOMEM): this look cannot tell.
             Err(_) => return None,
         }
     }

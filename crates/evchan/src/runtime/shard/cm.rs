@@ -229,12 +229,12 @@ impl<'s> Shard<'s> {
             let _ = id.reject(&crate::Busy::Connections.private_data());
             return;
         };
-        l.full = false;
         let Some(ticket) = l.half_open.take().filter(|_| l.accept_queue.capacity() > 0) else {
             tracing::debug!("backlog of half-open connections full: request rejected");
             let _ = id.reject(&crate::Busy::Backlog.private_data());
             return;
         };
+        l.full = false;
         let (config, accept_queue) = (l.config.clone(), l.accept_queue.clone());
         let Some(rt) = self.runtime() else {
             let _ = id.reject(&[]);
@@ -283,10 +283,12 @@ impl<'s> Shard<'s> {
             local_addr,
             private_data,
         );
-        if m.accept_queue.try_send(incoming).is_err() {
+        if let Err(e) = m.accept_queue.try_send(incoming) {
             // Backlog full or the listener is gone. (The Incoming's drop sends a reject that
             // finds nothing: the id is rejected here.)
-            let _ = m.id.reject(&[]);
+            let busy = matches!(e, mpsc::error::TrySendError::Full(_))
+                .then(|| crate::Busy::Backlog.private_data());
+            let _ = m.id.reject(busy.as_deref().unwrap_or_default());
             return;
         }
         let mut c = Conn::new(m.conn, IdState::Requested(m.id), Phase::Requested, m.config);
