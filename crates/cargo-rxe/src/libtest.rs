@@ -88,7 +88,9 @@ impl Section {
             .and_then(|n| n.parse().ok())
         {
             self.announced = Some(n);
-        } else if t.contains("test result: ") {
+        } else if t.starts_with("test result: ") {
+            // Only at a line's start, where libtest puts it (after a newline of its own): a
+            // child process's output shown with a prefix is not this binary's summary.
             self.finished = true;
             *pending = None;
         } else if let Some(rest) = t.strip_prefix("test ") {
@@ -401,11 +403,14 @@ mod tests {
             "test a ... \x1b[32mok\x1b[m",
             "test b ... \x1b[31mFAILED\x1b[m",
             "test c - should panic ... ok",
+            "test d ... [child] ",
+            "[child] test result: ok. 1 passed; 0 failed",
+            "ok",
             "@@evchan-test-end p/x 101",
         ] {
             log.add_line(l);
         }
-        let names = ["a".to_owned(), "b".to_owned(), "c".to_owned()];
+        let names = ["a", "b", "c", "d"].map(str::to_owned);
         let v = log.verdicts("p/x", &names, "");
         assert_eq!(v[0].1, Verdict::Passed);
         assert!(matches!(v[1].1, Verdict::Failed(_)));
@@ -413,6 +418,11 @@ mod tests {
             v[2].1,
             Verdict::Passed,
             "a should_panic test by its own name"
+        );
+        assert_eq!(
+            v[3].1,
+            Verdict::Passed,
+            "a child's summary line does not end the binary's"
         );
     }
 
