@@ -38,6 +38,12 @@ impl Artifact {
     }
 }
 
+/// The cargo to run: `$CARGO` (set by cargo for its subcommands, so the same toolchain), else
+/// `cargo` on `PATH`.
+pub fn program() -> PathBuf {
+    std::env::var_os("CARGO").map_or_else(|| PathBuf::from("cargo"), PathBuf::from)
+}
+
 /// `cargo ARGS --no-run --message-format=json-render-diagnostics` in `dir` (`ARGS` such as
 /// `["test", "--workspace"]`); the diagnostics go to stderr, the executables come back.
 pub fn build(cargo: &Path, dir: &Path, args: &[String]) -> Result<Vec<Artifact>> {

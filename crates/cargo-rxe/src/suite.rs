@@ -260,7 +260,7 @@ pub fn cli(args: &[String]) -> Result<i32> {
     opts.env
         .insert(0, ("EVCHAN_REQUIRE_DEVICE".to_owned(), "1".to_owned()));
     setup::ensure()?;
-    let cargo = std::env::var_os("CARGO").map_or_else(|| PathBuf::from("cargo"), PathBuf::from);
+    let cargo = cargo::program();
     let here = std::env::current_dir().map_err(|e| format!("no working directory: {e}"))?;
     let built: Vec<Artifact> = cargo::build(&cargo, &here, &cargo_args)?
         .into_iter()

@@ -124,16 +124,7 @@ pub fn malloc_trim() -> bool {
 /// # References
 /// `getrlimit(2)`, `RLIMIT_NOFILE`.
 pub fn raise_open_files_limit() -> std::io::Result<u64> {
-    let mut lim = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: `lim` is a valid out-pointer for the call's duration.
-    cvt(unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) })?;
-    lim.rlim_cur = lim.rlim_max;
-    // SAFETY: `lim` is a valid, initialised limit (the soft limit at most the hard one).
-    cvt(unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &lim) })?;
-    Ok(lim.rlim_cur)
+    set_open_files_limit(u64::MAX)
 }
 
 /// `setrlimit(RLIMIT_NOFILE)`: sets this process's soft limit of open descriptors to `soft`

@@ -7,20 +7,7 @@ mod support;
 use std::time::{Duration, Instant};
 
 use evchan::{Busy, Config, Connection, Error, Listener};
-use support::{port, step, v4};
-
-/// Accepts every request and echoes each message, on tasks of its own.
-async fn echo_server(listener: Listener) {
-    while let Ok(incoming) = listener.accept().await {
-        tokio::spawn(async move {
-            let mut conn = incoming.accept(b"").await?;
-            while let Some(msg) = conn.recv().await? {
-                conn.send(msg).await?;
-            }
-            Ok::<_, Error>(())
-        });
-    }
-}
+use support::{echo_server, port, step, v4};
 
 async fn echo(conn: &mut Connection, text: &'static str) {
     step("send", conn.send(text)).await.unwrap();
@@ -50,10 +37,7 @@ fn assert_busy(e: &Error, cause: Busy, wire: &[u8]) {
 async fn max_connections_rejects_typed_and_the_rest_carry_on() {
     require_device!();
     let addr = v4(port(1));
-    let listener = Listener::bind(addr, Config::new().max_connections(2))
-        .await
-        .unwrap();
-    let server = tokio::spawn(echo_server(listener));
+    let server = echo_server(addr, Config::new().max_connections(2)).await;
     let mut a = step("connect a", Connection::connect(addr)).await.unwrap();
     let mut b = step("connect b", Connection::connect(addr)).await.unwrap();
 

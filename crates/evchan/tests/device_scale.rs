@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use evchan::{Config, Connection, Error, Listener};
 use support::{
-    bound_tcp_id, fd_count, fd_targets, port, rss_kib, step, user_rdma_resources, v4,
+    bound_tcp_id, echo_server, fd_count, fd_targets, port, rss_kib, step, user_rdma_resources, v4,
     wait_runtime_gone,
 };
 
@@ -339,22 +339,6 @@ async fn listed() -> Vec<(&'static str, usize)> {
     })
     .await
     .unwrap()
-}
-
-/// An echo server on `addr` whose accept loop runs in a task (aborted to drop the listener).
-async fn echo_server(addr: std::net::SocketAddr, config: Config) -> tokio::task::JoinHandle<()> {
-    let listener = step("bind", Listener::bind(addr, config)).await.unwrap();
-    tokio::spawn(async move {
-        while let Ok(incoming) = listener.accept().await {
-            tokio::spawn(async move {
-                let mut conn = incoming.accept(b"").await?;
-                while let Some(m) = conn.recv().await? {
-                    conn.send(m).await?;
-                }
-                Ok::<_, Error>(())
-            });
-        }
-    })
 }
 
 fn small() -> Config {

@@ -1,7 +1,6 @@
 //! Running cargo, finding test and bench executables.
 
 use std::io::{BufRead, BufReader};
-use std::path::PathBuf;
 use std::process::{Command, Stdio};
 
 use cargo_rxe::cargo::Artifact;
@@ -10,7 +9,7 @@ use crate::{root, Result};
 
 /// A `cargo` command in the workspace root, with the toolchain of `rust-toolchain.toml`.
 pub fn cargo(args: &[&str]) -> Command {
-    let mut cmd = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
+    let mut cmd = Command::new(cargo_rxe::cargo::program());
     cmd.args(args).current_dir(root());
     cmd
 }
@@ -38,7 +37,7 @@ pub fn test_executables(prefix: &str) -> Result<Vec<Artifact>> {
 /// Builds with `cargo ARGS --no-run` (e.g. `["bench", "--workspace", "--benches"]`) and returns
 /// the executables of the targets of `kind` (`test`, `bench`) whose name starts with `prefix`.
 pub fn executables(args: &[&str], kind: &str, prefix: &str) -> Result<Vec<Artifact>> {
-    let cargo = PathBuf::from(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
+    let cargo = cargo_rxe::cargo::program();
     let args: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
     Ok(cargo_rxe::cargo::build(&cargo, &root(), &args)?
         .into_iter()

@@ -76,6 +76,25 @@ pub async fn step<T>(what: &str, fut: impl std::future::Future<Output = T>) -> T
     }
 }
 
+/// An echo server on `addr` whose accept loop runs in a task (aborted to drop the listener):
+/// each connection in a task of its own, each message sent back.
+pub async fn echo_server(addr: SocketAddr, config: evchan::Config) -> tokio::task::JoinHandle<()> {
+    let listener = step("bind", evchan::Listener::bind(addr, config))
+        .await
+        .unwrap();
+    tokio::spawn(async move {
+        while let Ok(incoming) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut conn = incoming.accept(b"").await?;
+                while let Some(m) = conn.recv().await? {
+                    conn.send(m).await?;
+                }
+                Ok::<_, evchan::Error>(())
+            });
+        }
+    })
+}
+
 /// Open file descriptors of this process, leaving out those open on sysfs: a thread-driven
 /// runtime watches its devices' verbs nodes every 50 ms (`read_dir` of
 /// `/sys/class/infiniband_verbs`, then each `ibdev`), and a count that lands inside one of

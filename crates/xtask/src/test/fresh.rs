@@ -159,7 +159,7 @@ fn run_in(dir: &Path, fail: Option<&str>, out: &mut dyn FnMut(&str)) -> Result<b
     let path = std::env::var_os("PATH").unwrap_or_default();
     let mut paths = vec![bin];
     paths.extend(std::env::split_paths(&path));
-    let mut cmd = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
+    let mut cmd = Command::new(cargo_rxe::cargo::program());
     cmd.args(["rxe", "test"])
         .current_dir(dir)
         .env(
