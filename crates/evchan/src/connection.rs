@@ -48,9 +48,11 @@ pub(crate) fn check_private_data(data: &[u8], max: usize) -> Result<()> {
 /// tasks that send, or [`split`](Self::split) it into halves for two tasks (of any runtime's
 /// worker threads: whichever half reaps a completion hands the other half what is its). Any
 /// number of tasks may `send` at once: they post in the order they began to wait, none is
-/// left asleep. The connection's completion channel is registered with each tokio runtime
-/// whose tasks wait on it (each must have its I/O driver enabled), so it can move between
-/// runtimes, or be used from several, and no wait depends on a runtime that sits idle.
+/// left asleep. The completion channel it sleeps on is its shard's, shared by the shard's
+/// connections on the device (no descriptor per connection); it is registered with each tokio
+/// runtime whose tasks wait on one of them (each must have its I/O driver enabled), so a
+/// connection can move between runtimes, or be used from several, and no wait depends on a
+/// runtime that sits idle.
 /// Dropping the connection closes it gracefully in the background (what was sent is still
 /// delivered); [`close`](Self::close) does the same and waits.
 ///

@@ -87,8 +87,9 @@ pub enum Busy {
     /// The listener holds [`Config::backlog`](crate::Config::backlog) half-open connections
     /// (requests not yet accepted, or accepted and not yet established).
     Backlog,
-    /// The server process is out of file descriptors (`EMFILE`, `ENFILE`) for the
-    /// connection's completion channel.
+    /// The server process is out of file descriptors (`EMFILE`, `ENFILE`) for its shard's
+    /// completion channel, which the shard makes with its first connection on a device (a
+    /// connection needs no descriptor of its own).
     Descriptors,
 }
 

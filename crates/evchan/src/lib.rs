@@ -36,8 +36,9 @@
 //! - Every handle is `Send + 'static`, splittable ([`Connection::split`]) and movable between
 //!   tasks and runtimes. A connection's messages are posted and reaped in the task that calls
 //!   `send` or `recv`: no hand-off to another task or thread. Each connection has its own
-//!   completion queue and completion channel; `recv` polls the queue and, when it is empty,
-//!   arms it and waits on the channel through tokio's reactor (or spins within
+//!   completion queue, on a completion channel its shard shares among its connections on the
+//!   device (no descriptor per connection); `recv` polls the queue and, when it is empty,
+//!   arms it and waits for the channel's event through tokio's reactor (or spins within
 //!   [`Config::busy_poll`]'s window first). The QP, CQ and memory are evchan-core's owned
 //!   style (`evchan_core::verbs::owned`): reference counted, the QP revocable.
 //! - The rdma_cm control path (connect, accept, disconnect, device removal, keepalive timers)
@@ -54,6 +55,7 @@ mod cm_map;
 mod config;
 mod connection;
 mod error;
+mod hub;
 mod listener;
 pub mod proto;
 mod runtime;

@@ -7,13 +7,12 @@
 //! every completion into the shared state (received messages, free slots, credits), so a
 //! completion of one direction is never lost to the other: a `SendHalf` waiting for a credit
 //! and a `RecvHalf` waiting for a message on two tasks each find what they wait for, whoever
-//! reaped it. Waiting goes through tokio's reactor on the connection's own completion channel
-//! ([`CqWaiter`], registered with every runtime whose tasks wait on it, so that a wait never
-//! depends on the reactor of another runtime, which may be idle): arm, poll, sleep; a
-//! wake-up's completions come first, its events are read (until `EAGAIN`) and the CQ armed
-//! again by the next wait that finds the CQ empty. The reactor keeps one waker per
-//! registration, so the waits register a shared one ([`Waiters`]) that wakes the waiting
-//! futures a completion may concern; each then looks at the state again. Whoever makes
+//! reaped it. Waiting goes through the completion channel the connection's shard shares among
+//! its connections on the device ([`crate::hub`], registered with every runtime whose tasks
+//! wait on one of them, so that a wait never depends on the reactor of another runtime, which
+//! may be idle): arm, poll, sleep. The hub reads each event as it comes and wakes the
+//! connection's [`Waiters`], one waker for all the futures that wait on the connection, which
+//! wakes those a completion may concern; each then looks at the state again. Whoever makes
 //! progress also wakes the waiters it helped (a message for the reader, a slot or credit for
 //! the first sender in line). Any number of futures may wait (senders in a FIFO line, see
 //! [`crate::wait`]); each leaves its line when it completes or is dropped ([`Waiting`]).
@@ -33,12 +32,13 @@ use bytes::Bytes;
 use tokio::sync::mpsc;
 
 use evchan_core::verbs::{
-    CqWaiter, Error as VerbsError, OwnedCq, OwnedMr, PostedSlot, QpHandle, Slot, SlotPool,
-    WcStatus, WorkCompletion,
+    Error as VerbsError, OwnedCq, OwnedMr, PostedSlot, QpHandle, Slot, SlotPool, WcStatus,
+    WorkCompletion,
 };
 
 use crate::cm_map;
 use crate::error::{Error, Lost, Result};
+use crate::hub::Route;
 use crate::proto::{Credits, Kind};
 use crate::runtime::removal::Removal;
 use crate::runtime::ConnId;
@@ -145,10 +145,9 @@ pub(crate) struct Objects {
     pub(crate) qp: QpHandle,
     pub(crate) send_mr: OwnedMr<SlotPool>,
     pub(crate) recv_mr: OwnedMr<SlotPool>,
+    /// The CQ's route in its shard's hub: goes before the CQ.
+    route: Route,
     pub(crate) cq: OwnedCq,
-    /// The CQ's channel registered with tokio: one registration per runtime whose tasks
-    /// waited, made by the first wait in it (usually one).
-    waiters: Vec<(tokio::runtime::Id, CqWaiter)>,
 }
 
 impl Objects {
@@ -157,13 +156,14 @@ impl Objects {
         send_mr: OwnedMr<SlotPool>,
         recv_mr: OwnedMr<SlotPool>,
         cq: OwnedCq,
+        route: Route,
     ) -> Self {
         Self {
             qp,
             send_mr,
             recv_mr,
+            route,
             cq,
-            waiters: Vec::new(),
         }
     }
 }
@@ -262,8 +262,6 @@ enum Stop {
 pub(crate) struct Wire {
     path: Mutex<Path>,
     wakers: Arc<Waiters>,
-    /// `wakers` as one waker, for the CQ's readiness.
-    all: Waker,
     /// A completion came since the shard's last keepalive check.
     active: AtomicBool,
     busy_poll: Option<Duration>,
@@ -299,8 +297,8 @@ struct Path {
     undelivered: bool,
     /// The largest message this side receives (a local length error names it).
     max_recv: u32,
-    /// The readiness failed once since the last wait that slept: the next failure is an error.
-    registration_failed: bool,
+    /// The runtime the last wait made sure the hub is registered with.
+    watched: Option<tokio::runtime::Id>,
     /// The shard disconnects (which moves the QP to the error state): flushes are expected.
     ending: bool,
     /// A work request was flushed in the batch being handled.
@@ -325,7 +323,7 @@ impl Wire {
         busy_poll: Option<Duration>,
         to_shard: ToShard,
     ) -> Arc<Self> {
-        let wakers = Arc::new(Waiters::default());
+        let wakers = Arc::clone(objects.route.waiters());
         Arc::new(Wire {
             path: Mutex::new(Path {
                 objects: Some(objects),
@@ -342,7 +340,7 @@ impl Wire {
                 stop: None,
                 undelivered: false,
                 max_recv,
-                registration_failed: false,
+                watched: None,
                 ending: false,
                 flushed: false,
                 qp_key: None,
@@ -350,7 +348,6 @@ impl Wire {
                 to_shard,
                 wcs: Vec::with_capacity(POLL_BATCH),
             }),
-            all: Waker::from(Arc::clone(&wakers)),
             wakers,
             active: AtomicBool::new(false),
             busy_poll,
@@ -405,18 +402,7 @@ impl Wire {
             return Poll::Ready(Ok(()));
         }
         self.wakers.wait(role, &mut wait.place, cx.waker());
-        let mut all = Context::from_waker(&self.all);
-        let polled = if is_tokio_waker(cx.waker()) {
-            path.poll_wait(&mut all)
-        } else {
-            // Another executor's future, maybe inside a tokio task: tokio's budget for that
-            // task, spent, would defer the readiness' wake to a worker that never gets control
-            // back (the other executor's `block_on` holds it).
-            let unbudgeted =
-                tokio::task::unconstrained(std::future::poll_fn(|c| path.poll_wait(c)));
-            std::future::Future::poll(std::pin::pin!(unbudgeted), &mut all)
-        };
-        match polled {
+        match path.poll_wait() {
             Poll::Pending => Poll::Pending,
             Poll::Ready(Ok(n)) => {
                 if n > 0 {
@@ -1042,67 +1028,26 @@ impl Path {
         self.flush_ctrl();
     }
 
-    /// Arms the CQ and polls it once more, then sleeps on its channel's readiness with `cx`
-    /// (registered with the current runtime): `Ready` with the completions found (handled),
-    /// `Pending` when none came.
-    fn poll_wait(&mut self, cx: &mut Context<'_>) -> Poll<Result<usize>> {
-        let Some(objects) = self.objects.as_mut() else {
+    /// Arms the CQ and polls it once more: `Ready` with the completions found (handled),
+    /// `Pending` when none came — then the CQ's next completion raises an event on the shard's
+    /// hub, which wakes the waiters (registered before this call), and the hub is registered
+    /// with the current runtime's reactor (see [`crate::hub`]).
+    fn poll_wait(&mut self) -> Poll<Result<usize>> {
+        let Some(objects) = self.objects.as_ref() else {
             return Poll::Ready(Ok(0));
         };
         let runtime = current_runtime()?;
-        let i = match objects.waiters.iter().position(|(id, _)| *id == runtime) {
-            Some(i) => i,
-            None => {
-                // A runtime that waits for the first time: the registrations of runtimes that
-                // are gone go first (a runtime per call would pile them up).
-                let cqs = [objects.cq.cq()];
-                let wcs = &mut self.wcs;
-                objects.waiters.retain(|(_, w)| {
-                    !matches!(
-                        w.waiter().poll_wait(&cqs, cx, |_, wc| wcs.push(wc)),
-                        Poll::Ready(Err(VerbsError::Io {
-                            call: "readiness",
-                            ..
-                        }))
-                    )
-                });
-                if !self.wcs.is_empty() {
-                    // Found by the probes: handled first (registered by the next wait).
-                    let n = self.wcs.len();
-                    self.absorb();
-                    return Poll::Ready(Ok(n));
-                }
-                objects.waiters.push((runtime, register(&objects.cq)?));
-                objects.waiters.len() - 1
-            }
-        };
-        let waiter = &objects.waiters[i].1;
-        let (cqs, wcs) = ([objects.cq.cq()], &mut self.wcs);
-        match waiter.waiter().poll_wait(&cqs, cx, |_, wc| wcs.push(wc)) {
-            Poll::Pending => {
-                self.registration_failed = false;
-                Poll::Pending
-            }
-            Poll::Ready(Ok(n)) => {
-                self.absorb();
-                Poll::Ready(Ok(n))
-            }
-            Poll::Ready(Err(VerbsError::Io {
-                call: "readiness",
-                source,
-            })) => {
-                // The runtime this registration was made with is gone: register with the
-                // current one, once.
-                objects.waiters.swap_remove(i);
-                if std::mem::replace(&mut self.registration_failed, true) {
-                    return Poll::Ready(Err(Error::Io(source)));
-                }
-                Poll::Ready(Ok(0))
-            }
-            Poll::Ready(Err(e)) => {
-                self.lose(Lost::Verbs(e.to_string()));
-                Poll::Ready(Ok(0))
-            }
+        if self.watched != Some(runtime) {
+            objects.route.hub().watch(runtime)?;
+            self.watched = Some(runtime);
+        }
+        if let Err(e) = objects.cq.cq().req_notify(false) {
+            self.lose(Lost::Verbs(e.to_string()));
+            return Poll::Ready(Ok(0));
+        }
+        match self.progress() {
+            0 => Poll::Pending,
+            n => Poll::Ready(Ok(n)),
         }
     }
 
@@ -1205,20 +1150,6 @@ fn current_runtime() -> Result<tokio::runtime::Id> {
         Ok(h) => Ok(h.id()),
         Err(_) => Err(Error::Config(
             "evchan connections send and receive within a tokio runtime".into(),
-        )),
-    }
-}
-
-/// The CQ's channel registered with the current tokio runtime.
-fn register(cq: &OwnedCq) -> Result<CqWaiter> {
-    // tokio panics when the runtime has no I/O driver; that becomes a configuration error.
-    let channel = cq.channel();
-    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| channel.waiter())) {
-        Ok(w) => Ok(w?),
-        Err(_) => Err(Error::Config(
-            "evchan connections need a tokio runtime with its I/O driver enabled \
-             (Builder::enable_io or enable_all)"
-                .into(),
         )),
     }
 }

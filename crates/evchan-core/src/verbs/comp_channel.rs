@@ -107,6 +107,33 @@ impl<'ctx> CompChannel<'ctx> {
         }
     }
 
+    /// `ibv_get_cq_event`, non-blocking, for a channel whose CQs are polled elsewhere (by the
+    /// tasks that own them): which CQ the next event is for, its event acked at once
+    /// (`ibv_ack_cq_events`), or `Ok(None)` when there is none (`EAGAIN`).
+    ///
+    /// Acked at once, the event holds nothing up: the CQ can be destroyed right after, on any
+    /// thread (its destroy waits for the ack of an event read but not yet acked, which is
+    /// only the call's own moment). The id is then only a name: a CQ created after the
+    /// destroy may carry the same one, so an event routed by it may wake the wrong waiter,
+    /// never reach the wrong memory. Route it as a hint ("look at this CQ"), as
+    /// [`Cq::req_notify`]'s events are anyway.
+    ///
+    /// # Errors
+    /// [`Error::Io`] with the `ibv_get_cq_event` error.
+    #[doc(alias = "ibv_get_cq_event")]
+    #[doc(alias = "ibv_ack_cq_events")]
+    pub fn try_next_cq(&self) -> Result<Option<CqId>> {
+        let ack = self
+            .raw
+            .get_cq_event()
+            .map_err(Error::io("ibv_get_cq_event"))?;
+        Ok(ack.map(|ack| {
+            let id = CqId(ack.token());
+            drop(ack); // acks it
+            id
+        }))
+    }
+
     /// `ibv_get_cq_event`, blocking until an event arrives (see
     /// [`try_get_cq_event`](Self::try_get_cq_event)). `EINTR` is retried.
     ///
@@ -393,6 +420,22 @@ impl AsyncWaiter<'_, '_> {
                 Poll::Ready(Ok(_seen)) => {}
             }
         }
+    }
+
+    /// The channel's readiness alone, for a channel whose CQs are polled elsewhere (see
+    /// [`CompChannel::try_next_cq`]): `Ready` with a guard once the reactor saw the channel
+    /// readable; then read until `Ok(None)` and [`clear_ready`](crate::ReadyGuard::clear_ready)
+    /// the guard. `Pending` registers `cx`'s waker (tokio keeps the last one).
+    ///
+    /// # Errors
+    /// The reactor's error (call `"readiness"`), e.g. once its runtime shut down.
+    pub fn poll_readable(
+        &self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<crate::ReadyGuard<'_>>> {
+        self.readable
+            .poll_ready(cx)
+            .map_err(|e| Error::io("readiness")(e))
     }
 
     /// One turn of [`wait`](Self::wait) up to its sleep: poll; if the reactor saw the channel

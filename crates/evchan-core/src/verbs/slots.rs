@@ -65,13 +65,14 @@ impl From<SlotError> for io::Error {
     }
 }
 
-/// `count` equal slots of registered memory in one zeroed, page-aligned allocation, for
+/// `count` equal slots of registered memory in one zeroed, page-aligned mapping, for
 /// zero-copy receive: the [`MrBuffer`](super::MrBuffer) of one memory region, whose slots are
 /// [`Slot`] tokens that can outlive it.
 ///
-/// A pool is one allocation of `count` slots of `size` bytes, registered as **one**
-/// memory region ([`Pd::reg_mr`](super::Pd::reg_mr) / [`Mr::new`]). Its slots are handed out
-/// once, at creation, as [`Slot`]s: exclusive, owned (`Send + Sync + 'static`) tokens that keep
+/// A pool is one anonymous mapping (`mmap`, whole pages) of `count` slots of `size` bytes,
+/// unmapped when the pool and its last slot are gone, so its memory goes back to the system
+/// then, not to the allocator's arenas. It is registered as **one** memory region
+/// ([`Pd::reg_mr`](super::Pd::reg_mr) / [`Mr::new`]). Its slots are handed out once, at creation, as [`Slot`]s: exclusive, owned (`Send + Sync + 'static`) tokens that keep
 /// the pool's memory alive, so received bytes can go on living in the slot after the
 /// connection, the [`Mr`], the [`Pd`](super::Pd) and the [`Context`](super::Context) are gone
 /// (e.g. as `bytes::Bytes::from_owner(slot)`, since a slot is `AsRef<[u8]>`).

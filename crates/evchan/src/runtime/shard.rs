@@ -107,6 +107,9 @@ struct Shard<'s> {
     keepalive_at: Option<Instant>,
     /// When it fired last.
     keepalive_tick: Option<Instant>,
+    /// Per device (as `env.names`), the completion channel of this shard's connections on it,
+    /// made with the first.
+    hubs: Vec<Option<Arc<crate::hub::Hub>>>,
 }
 
 impl Drop for Shard<'_> {
@@ -197,6 +200,7 @@ async fn drive<'s>(
         retired: false,
         keepalive_at: None,
         keepalive_tick: None,
+        hubs: Vec::new(),
     };
     // Two timers, each reset only when its instant moves (not made again on every wake-up).
     let mut keepalive = std::pin::pin!(tokio::time::sleep_until(tokio::time::Instant::now()));

@@ -3,7 +3,7 @@
 //!
 //! # Safety
 //!
-//! A [`SlotRegion`] is one zeroed, page-aligned allocation of `count × size` bytes behind a raw
+//! A [`SlotRegion`] is one zeroed, page-aligned mapping (`mmap`) of `count × size` bytes behind a raw
 //! pointer: Rust code holds no reference to its bytes except through a [`RawSlot`], the one
 //! token of one slot (`index`), made exactly once per index, when the region is created, and
 //! never cloned. So the references a token hands out (`bytes`, `bytes_mut`, for `&self` /
@@ -29,7 +29,6 @@
 //! slice at the region's start): a slice of the whole pool would alias the tokens' slices, and
 //! the bytes of posted slots.
 
-use std::alloc::{self, Layout};
 use std::io;
 use std::ptr::NonNull;
 use std::sync::atomic::Ordering;
@@ -41,11 +40,18 @@ use super::mr::{Sealed, NEXT_OWNED_WR_ID};
 use super::{Mr, MrBuffer, QpPtr, SendFlags, Sge, OWNED_WR_ID_BIT};
 use crate::verbs::{SlotError, SlotPool};
 
-/// One allocation of `count` slots of `size` bytes, zeroed and page-aligned, reached only
+/// One mapping of `count` slots of `size` bytes, zeroed and page-aligned, reached only
 /// through raw pointers (see the module's docs).
+///
+/// The bytes are an anonymous private mapping of their own (`mmap`), unmapped when the region
+/// goes: so a pool's memory goes back to the system when the pool is freed, which memory from
+/// the allocator does not (glibc keeps a freed pool's pages in its arenas, and raises its
+/// mapping threshold after each freed mapping, so a burst of connections would leave the
+/// process at its peak for good).
 pub(crate) struct SlotRegion {
     base: NonNull<u8>,
-    layout: Layout,
+    /// The mapping's length: the slots' bytes rounded up to whole pages.
+    mapped: usize,
     count: usize,
     size: usize,
 }
@@ -82,7 +88,9 @@ impl SlotRegion {
         let bytes = count.checked_mul(size).ok_or(too_large)?;
         let page = page_size();
         let rounded = bytes.checked_next_multiple_of(page).ok_or(too_large)?;
-        let layout = Layout::from_size_align(rounded, page).map_err(|_| too_large)?;
+        if isize::try_from(rounded).is_err() {
+            return Err(too_large);
+        }
         // The tokens' vector first, so that its failure is an error too, not an abort.
         let mut slots = Vec::new();
         slots
@@ -90,12 +98,27 @@ impl SlotRegion {
             .map_err(|_| SlotError::OutOfMemory {
                 bytes: count.saturating_mul(std::mem::size_of::<T>()),
             })?;
-        // SAFETY: `layout` has a non-zero size (count and size are at least 1).
-        let ptr = unsafe { alloc::alloc_zeroed(layout) };
-        let base = NonNull::new(ptr).ok_or(SlotError::OutOfMemory { bytes: rounded })?;
+        // SAFETY: an anonymous private mapping of a non-zero length (count and size are at
+        // least 1) at an address of the kernel's choice: it touches no existing memory. Its
+        // pages read as zero.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                rounded,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
+            return Err(SlotError::OutOfMemory { bytes: rounded });
+        }
+        let base =
+            NonNull::new(ptr.cast::<u8>()).ok_or(SlotError::OutOfMemory { bytes: rounded })?;
         let region = Arc::new(SlotRegion {
             base,
-            layout,
+            mapped: rounded,
             count,
             size,
         });
@@ -126,11 +149,12 @@ impl SlotRegion {
 
 impl Drop for SlotRegion {
     fn drop(&mut self) {
-        // SAFETY: allocated in `new` with `layout`, freed once. The last `Arc` is gone: no token
-        // can reach the bytes, and the pool is out of any memory region (a registered `Mr` owns
-        // it until `ibv_dereg_mr` succeeded, and leaks it otherwise), so the device cannot
-        // reach them either.
-        unsafe { alloc::dealloc(self.base.as_ptr(), self.layout) };
+        // SAFETY: mapped in `new` with this length, unmapped once. The last `Arc` is gone: no
+        // token can reach the bytes, and the pool is out of any memory region (a registered
+        // `Mr` owns it until `ibv_dereg_mr` succeeded, and leaks it otherwise), so the device
+        // cannot reach them either. A failure (only `EINVAL` for arguments `new` made valid)
+        // would leave the mapping in place: a leak, nothing unsound.
+        unsafe { libc::munmap(self.base.as_ptr().cast(), self.mapped) };
     }
 }
 

@@ -5,9 +5,11 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::hub::Hub;
 use evchan_core::cm::state::Requested;
 use evchan_core::cm::EventKind;
 use evchan_core::verbs::{OwnedCompChannel, OwnedCq, OwnedMr, OwnedPd, QpHandle, QpInit};
+
 use evchan_core::{CmEvent, CmId};
 
 use super::Shard;
@@ -177,7 +179,7 @@ impl<'s> Shard<'s> {
     // Setup helpers
     // ---------------------------------------------------------------------------------------
 
-    /// Creates the QP and the data path (its CQ on a completion channel of its own, the slot
+    /// Creates the QP and the data path (its CQ on the shard's completion channel, the slot
     /// pools, every receive posted), for an accepted request.
     pub(super) fn setup_path(&mut self, conn: ConnId) -> Result<()> {
         let c = self.conns.get_mut(&conn).expect("present");
@@ -205,10 +207,20 @@ impl<'s> Shard<'s> {
             tx: self.heard.clone(),
             removal: Arc::clone(&self.env.removal),
         };
+        if self.hubs.len() <= dev {
+            self.hubs.resize(dev + 1, None);
+        }
+        let hub = match &self.hubs[dev] {
+            Some(hub) => Arc::clone(hub),
+            None => {
+                let hub = Hub::new(OwnedCompChannel::new(Arc::clone(pd.context()))?);
+                self.hubs[dev] = Some(Arc::clone(&hub));
+                hub
+            }
+        };
         let c = self.conns.get_mut(&conn).expect("present");
         let config = &c.config;
-        let channel = OwnedCompChannel::new(Arc::clone(pd.context()))?;
-        let cq = OwnedCq::new(&channel, config.cq_cost())?;
+        let (cq, route) = hub.cq(config.cq_cost())?;
         let qp = target.create_qp(pd, &cq, &config.qp_init())?;
         let cm_map::Pools {
             recv_mr,
@@ -224,7 +236,7 @@ impl<'s> Shard<'s> {
                     .map_err(|e| Error::Verbs(e.error))?,
             );
         }
-        let objects = Objects::new(qp, send_mr, recv_mr, cq);
+        let objects = Objects::new(qp, send_mr, recv_mr, cq, route);
         let wire = Wire::new(
             objects,
             free_data,

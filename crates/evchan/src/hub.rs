@@ -1,0 +1,240 @@
+//! A completion channel shared by the connections of one shard on one device: their CQs report
+//! to it, so a shard needs two descriptors per device (the channel's and its readiness proxy),
+//! not two per connection.
+//!
+//! The channel carries only wake-ups. A connection's completions are still polled from its own
+//! CQ by whichever of its tasks waits ([`crate::wire`]); what comes through the hub is "CQ `X`
+//! has something": each event is read, acked at once and routed by its CQ's id to that
+//! connection's waiters, whose futures then poll their CQ themselves. No message, no
+//! completion and no lock of a connection passes through the hub.
+//!
+//! Who reads the channel: the hub is registered with the reactor of every tokio runtime whose
+//! tasks wait on one of its connections (as each connection's own channel was before), and each
+//! registration's waker is a [`Drainer`]: when the reactor sees the channel readable it calls
+//! the drainer, which reads every event until `EAGAIN`, wakes the connections they name, clears
+//! the readiness and registers itself again, on the reactor's thread, before it returns. So the
+//! waker of a registration is always the drainer (never a task's, which would leave with its
+//! task), a wake-up reaches the waiting task from the reactor that saw it without another
+//! thread in between, and a runtime left idle (a current-thread runtime nobody drives) delays
+//! no one: the runtime of a waiting task has a registration too, and any reactor's drain serves
+//! every runtime.
+//!
+//! A wait (in `wire`) goes: put the task's waker in its line, make sure the hub is registered
+//! with the current runtime ([`Hub::watch`]), arm the CQ, poll it once more, sleep. A completion
+//! after the arm raises an event, which the drainer routes to the line: no wake-up is lost.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::task::{Context, Poll, Wake, Waker};
+
+use evchan_core::verbs::{CqId, CqWaiter, OwnedCompChannel, OwnedCq};
+
+use crate::error::{Error, Result};
+use crate::wait::Waiters;
+
+/// One shard's completion channel on one device (see the module's docs).
+pub(crate) struct Hub {
+    channel: OwnedCompChannel,
+    /// Each CQ on the channel with a connection: the waker of that connection's waiters.
+    routes: Mutex<HashMap<CqId, Waker>>,
+    /// The channel registered with each runtime whose tasks waited (usually one or two).
+    registrations: Mutex<Vec<Registration>>,
+}
+
+struct Registration {
+    runtime: tokio::runtime::Id,
+    /// Held for its registration (dropping it deregisters the channel from that reactor); its
+    /// drainer holds it weakly.
+    _waiter: Arc<CqWaiter>,
+    /// The runtime shut down (its drainer saw the reactor's error): removed by the next
+    /// registration.
+    dead: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl std::fmt::Debug for Hub {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Hub")
+            .field("channel", &self.channel)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Hub {
+    /// A hub on `channel` (no CQ on it yet, registered with no runtime).
+    pub(crate) fn new(channel: OwnedCompChannel) -> Arc<Self> {
+        Arc::new(Hub {
+            channel,
+            routes: Mutex::new(HashMap::new()),
+            registrations: Mutex::new(Vec::new()),
+        })
+    }
+
+    /// A CQ of `entries` on the hub's channel, whose events wake the new waiters of its
+    /// [`Route`] (until the route goes).
+    pub(crate) fn cq(self: &Arc<Self>, entries: u32) -> Result<(OwnedCq, Route)> {
+        let cq = OwnedCq::new(&self.channel, entries)?;
+        let id = cq.cq().id();
+        let waiters = Arc::new(Waiters::default());
+        lock(&self.routes).insert(id, Waker::from(Arc::clone(&waiters)));
+        let route = Route {
+            hub: Arc::clone(self),
+            cq: id,
+            waiters,
+        };
+        Ok((cq, route))
+    }
+
+    /// Makes sure the channel is registered with the reactor of the current runtime (`runtime`),
+    /// its drainer waiting for the readiness.
+    ///
+    /// # Errors
+    /// [`Error::Config`] when the runtime has no I/O driver; the reactor's registration error.
+    pub(crate) fn watch(self: &Arc<Self>, runtime: tokio::runtime::Id) -> Result<()> {
+        let mut regs = lock(&self.registrations);
+        if regs
+            .iter()
+            .any(|r| r.runtime == runtime && !r.dead.load(std::sync::atomic::Ordering::Acquire))
+        {
+            return Ok(());
+        }
+        // The registrations of runtimes that are gone go first (a runtime per call would pile
+        // them up), then this runtime's (a dead one of the same id cannot exist: ids are not
+        // reused, but it would be replaced all the same).
+        regs.retain(|r| !r.dead.load(std::sync::atomic::Ordering::Acquire) && r.runtime != runtime);
+        let waiter = Arc::new(register(&self.channel)?);
+        let dead = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let drainer = Arc::new(Drainer {
+            hub: Arc::downgrade(self),
+            waiter: Arc::downgrade(&waiter),
+            dead: Arc::clone(&dead),
+        });
+        regs.push(Registration {
+            runtime,
+            _waiter: waiter,
+            dead,
+        });
+        drop(regs);
+        // Reads what is there already and leaves the drainer registered for what comes.
+        drainer.drain();
+        Ok(())
+    }
+
+    /// Reads every event until `EAGAIN`, acks it and wakes the connection of its CQ.
+    fn read_events(&self) {
+        loop {
+            match self.channel.channel().try_next_cq() {
+                Ok(Some(cq)) => {
+                    let waker = lock(&self.routes).get(&cq).cloned();
+                    // A CQ without a route: its connection is gone (the id may name a newer
+                    // CQ: that wake is only spurious).
+                    if let Some(w) = waker {
+                        w.wake();
+                    }
+                }
+                Ok(None) => return,
+                Err(e) => {
+                    // Not seen in practice (the descriptor is the channel's own, non-blocking):
+                    // the readiness is cleared all the same, and the next event comes anew.
+                    tracing::warn!("evchan: reading the completion channel failed: {e}");
+                    return;
+                }
+            }
+        }
+    }
+}
+
+/// A CQ's route in its hub; dropping it removes the route. Dropped before the CQ (field order
+/// in `wire::Objects`): an event read after it is acked and dropped.
+pub(crate) struct Route {
+    hub: Arc<Hub>,
+    cq: CqId,
+    waiters: Arc<Waiters>,
+}
+
+impl Route {
+    /// The hub this route is in.
+    pub(crate) fn hub(&self) -> &Arc<Hub> {
+        &self.hub
+    }
+
+    /// The waiters the CQ's events wake.
+    pub(crate) fn waiters(&self) -> &Arc<Waiters> {
+        &self.waiters
+    }
+}
+
+impl Drop for Route {
+    fn drop(&mut self) {
+        lock(&self.hub.routes).remove(&self.cq);
+    }
+}
+
+/// A registration's waker: drains the channel and registers itself again (module docs). It
+/// holds neither the hub nor the registration (the registration holds it: a cycle would keep
+/// both alive for good).
+struct Drainer {
+    hub: Weak<Hub>,
+    waiter: Weak<CqWaiter>,
+    dead: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Drainer {
+    /// Until the readiness is pending with this drainer's waker registered: read every event,
+    /// then clear the readiness seen before the read.
+    fn drain(self: &Arc<Self>) {
+        let (Some(hub), Some(waiter)) = (self.hub.upgrade(), self.waiter.upgrade()) else {
+            return;
+        };
+        let waker = Waker::from(Arc::clone(self));
+        let mut cx = Context::from_waker(&waker);
+        loop {
+            // Outside tokio's task budget: a spent budget would make the poll wake this waker
+            // at once (a recursion) instead of registering it.
+            let polled = {
+                let ready = tokio::task::unconstrained(std::future::poll_fn(|cx| {
+                    waiter.waiter().poll_readable(cx)
+                }));
+                std::future::Future::poll(std::pin::pin!(ready), &mut cx)
+            };
+            match polled {
+                Poll::Pending => return,
+                Poll::Ready(Err(_)) => {
+                    // The runtime is gone: this registration serves no one any more.
+                    self.dead.store(true, std::sync::atomic::Ordering::Release);
+                    return;
+                }
+                Poll::Ready(Ok(mut guard)) => {
+                    hub.read_events();
+                    guard.clear_ready();
+                }
+            }
+        }
+    }
+}
+
+impl Wake for Drainer {
+    fn wake(self: Arc<Self>) {
+        self.drain();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        self.drain();
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// The channel registered with the current tokio runtime.
+fn register(channel: &OwnedCompChannel) -> Result<CqWaiter> {
+    // tokio panics when the runtime has no I/O driver; that becomes a configuration error.
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| channel.waiter())) {
+        Ok(w) => Ok(w?),
+        Err(_) => Err(Error::Config(
+            "evchan connections need a tokio runtime with its I/O driver enabled \
+             (Builder::enable_io or enable_all)"
+                .into(),
+        )),
+    }
+}
