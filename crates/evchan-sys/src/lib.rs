@@ -114,9 +114,10 @@ pub fn malloc_trim() -> bool {
 }
 
 /// `setrlimit(RLIMIT_NOFILE)`: raises this process's soft limit of open descriptors to its
-/// hard limit, and returns the new soft limit. Each evchan connection holds two descriptors
-/// (its completion channel and that channel's readiness proxy), so a process with many
-/// connections needs more than the usual soft limit of 1,024.
+/// hard limit, and returns the new soft limit. An evchan connection holds no descriptor of its
+/// own (a shard's connections share its completion channel: two descriptors per shard and
+/// device), but a server that also holds files or sockets per client may need more than the
+/// usual soft limit of 1,024.
 ///
 /// # Errors
 /// `getrlimit`'s or `setrlimit`'s `errno`.

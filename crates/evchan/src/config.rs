@@ -28,6 +28,7 @@ pub struct Config {
     pub(crate) shards: usize,
     pub(crate) backlog: u32,
     pub(crate) max_connections: u32,
+    pub(crate) memory_budget: u64,
     pub(crate) busy_poll: Option<Duration>,
     pub(crate) keepalive: Option<Duration>,
     pub(crate) retry_count: u8,
@@ -42,7 +43,7 @@ impl Default for Config {
 impl Config {
     /// The defaults: 4 KiB messages, 16 receives and 16 sends in flight per connection, 2 s to
     /// resolve the address and the route each, 10 s to connect, a backlog of 128, no limit on
-    /// a listener's connections (`max_connections`), one
+    /// a listener's connections (`max_connections`) nor on their memory (`memory_budget`), one
     /// event-channel shard per available CPU, no busy poll, a keepalive after 15 s without a
     /// completion, 6 transport retries.
     #[must_use]
@@ -58,6 +59,7 @@ impl Config {
             shards: std::thread::available_parallelism().map_or(1, usize::from),
             backlog: 128,
             max_connections: u32::MAX,
+            memory_budget: u64::MAX,
             busy_poll: None,
             keepalive: Some(Duration::from_secs(15)),
             retry_count: 6,
@@ -163,6 +165,50 @@ impl Config {
         self
     }
 
+    /// A listener's memory budget: its connections' buffers together take at most `bytes`,
+    /// each connection counted at [`buffer_bytes`](Self::buffer_bytes) from the request until
+    /// it is released. A request that would go beyond is rejected at once, as beyond
+    /// [`max_connections`](Self::max_connections), with [`Busy::Memory`](crate::Busy::Memory)
+    /// (`evchan-busy:memory` on the wire) and a `tracing` warning; the listener and its
+    /// connections carry on. Default: no budget. Only a listener's `Config` reads it.
+    ///
+    /// What it bounds is the registered memory evchan maps for the connections (their slot
+    /// pools), the bulk of a connection's cost with the defaults; not the rest of the process
+    /// (the QP's and CQ's queues, which the provider maps, and evchan's bookkeeping), nor the
+    /// memory of received messages the application still holds.
+    ///
+    /// ```
+    /// let config = evchan::Config::new();
+    /// // The defaults: 20 receive and 20 send slots of 4 KiB (4 KiB pages).
+    /// # #[cfg(target_arch = "x86_64")]
+    /// assert_eq!(config.buffer_bytes(), 160 * 1024);
+    /// // Room for 1,000 connections of this configuration's buffers.
+    /// let config = config.clone().memory_budget(1_000 * config.buffer_bytes());
+    /// # drop(config);
+    /// ```
+    #[must_use]
+    pub fn memory_budget(mut self, bytes: u64) -> Self {
+        self.memory_budget = bytes;
+        self
+    }
+
+    /// The buffer memory one connection of this configuration maps and registers: its receive
+    /// slots (`recv_depth` + `ctrl_slots`) and its send slots (`send_depth` + `ctrl_slots`),
+    /// each of `max_message` bytes, each pool rounded up to whole pages. What
+    /// [`memory_budget`](Self::memory_budget) counts per connection.
+    #[must_use]
+    pub fn buffer_bytes(&self) -> u64 {
+        let ctrl = u32::from(self.ctrl_slots);
+        let size = self.max_message as usize;
+        [self.recv_depth + ctrl, self.send_depth + ctrl]
+            .into_iter()
+            .map(|n| {
+                evchan_core::verbs::SlotPool::mapped_bytes(n as usize, size)
+                    .map_or(u64::MAX, |b| b as u64)
+            })
+            .fold(0u64, u64::saturating_add)
+    }
+
     /// Busy-poll: a `recv` that finds nothing, and a `send` that finds no credit or send slot
     /// free (the first in line, when several wait), polls the connection's completion queue
     /// without sleeping for up to `window` from its first poll (like rsocket's polling
@@ -233,6 +279,9 @@ impl Config {
         }
         if self.max_connections == 0 {
             return bad("max_connections must be at least 1");
+        }
+        if self.memory_budget == 0 {
+            return bad("memory_budget must be at least 1 byte");
         }
         if self.retry_count > 6 {
             return bad("retry_count must be within 0..=6 (rdma_rxe retries 7 forever)");

@@ -75,7 +75,8 @@ pub enum Lost {
 /// Why a busy evchan server refused a connection ([`Error::Rejected`]'s `busy`).
 ///
 /// On the wire, for any librdmacm client: the reject's private data is the ASCII text
-/// `evchan-busy:` followed by the cause's name (`connections`, `backlog`, `descriptors`), with
+/// `evchan-busy:` followed by the cause's name (`connections`, `backlog`, `descriptors`,
+/// `memory`), with
 /// no terminator
 /// (the IB CM pads it with zeros).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -91,6 +92,10 @@ pub enum Busy {
     /// completion channel, which the shard makes with its first connection on a device (a
     /// connection needs no descriptor of its own).
     Descriptors,
+    /// The listener's connections hold its
+    /// [`Config::memory_budget`](crate::Config::memory_budget): another one's buffers would go
+    /// beyond it.
+    Memory,
 }
 
 impl Busy {
@@ -103,6 +108,7 @@ impl Busy {
             Busy::Connections => "connections",
             Busy::Backlog => "backlog",
             Busy::Descriptors => "descriptors",
+            Busy::Memory => "memory",
         }
     }
 
@@ -115,9 +121,14 @@ impl Busy {
     pub(crate) fn from_private_data(data: &[u8]) -> Option<Self> {
         let end = data.iter().rposition(|&b| b != 0).map_or(0, |i| i + 1);
         let name = data[..end].strip_prefix(Self::PREFIX)?;
-        [Busy::Connections, Busy::Backlog, Busy::Descriptors]
-            .into_iter()
-            .find(|b| b.name().as_bytes() == name)
+        [
+            Busy::Connections,
+            Busy::Backlog,
+            Busy::Descriptors,
+            Busy::Memory,
+        ]
+        .into_iter()
+        .find(|b| b.name().as_bytes() == name)
     }
 }
 
@@ -127,6 +138,7 @@ impl std::fmt::Display for Busy {
             Busy::Connections => "it holds its maximum of connections",
             Busy::Backlog => "its backlog of half-open connections is full",
             Busy::Descriptors => "it is out of file descriptors",
+            Busy::Memory => "its memory budget for connections is spent",
         })
     }
 }

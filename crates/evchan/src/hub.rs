@@ -14,16 +14,18 @@
 //! the drainer, which reads every event until `EAGAIN`, wakes the connections they name, clears
 //! the readiness and registers itself again, on the reactor's thread, before it returns. So the
 //! waker of a registration is always the drainer (never a task's, which would leave with its
-//! task), a wake-up reaches the waiting task from the reactor that saw it without another
-//! thread in between, and a runtime left idle (a current-thread runtime nobody drives) delays
-//! no one: the runtime of a waiting task has a registration too, and any reactor's drain serves
-//! every runtime.
+//! task), and a runtime left idle (a current-thread runtime nobody drives) delays no one: the
+//! runtime of a waiting task has a registration too, and any reactor's drain serves every
+//! runtime. The cost: every registered reactor wakes on each event (the first reads it; with
+//! one runtime, the usual case, that is the one that then runs the task). The shard's own
+//! runtime is not registered: its waits look on a timer (`Wait::timed`).
 //!
 //! A wait (in `wire`) goes: put the task's waker in its line, make sure the hub is registered
 //! with the current runtime ([`Hub::watch`]), arm the CQ, poll it once more, sleep. A completion
 //! after the arm raises an event, which the drainer routes to the line: no wake-up is lost.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::task::{Context, Poll, Wake, Waker};
 
@@ -48,7 +50,7 @@ struct Registration {
     _waiter: Arc<CqWaiter>,
     /// The runtime shut down (its drainer saw the reactor's error): removed by the next
     /// registration.
-    dead: Arc<std::sync::atomic::AtomicBool>,
+    dead: Arc<AtomicBool>,
 }
 
 impl std::fmt::Debug for Hub {
@@ -85,24 +87,30 @@ impl Hub {
     }
 
     /// Makes sure the channel is registered with the reactor of the current runtime (`runtime`),
-    /// its drainer waiting for the readiness.
+    /// its drainer waiting for the readiness. Returns the registration's flag, set once its
+    /// runtime is gone (a wait that finds it set watches again), and the wakers of what the
+    /// first drain found: the caller wakes them once its own locks are let go.
     ///
     /// # Errors
-    /// [`Error::Config`] when the runtime has no I/O driver; the reactor's registration error.
-    pub(crate) fn watch(self: &Arc<Self>, runtime: tokio::runtime::Id) -> Result<()> {
+    /// [`Error::Config`] when the runtime has no I/O driver; the reactor's registration error
+    /// (a runtime that is shutting down).
+    pub(crate) fn watch(
+        self: &Arc<Self>,
+        runtime: tokio::runtime::Id,
+    ) -> Result<(Arc<AtomicBool>, Vec<Waker>)> {
         let mut regs = lock(&self.registrations);
-        if regs
+        if let Some(r) = regs
             .iter()
-            .any(|r| r.runtime == runtime && !r.dead.load(std::sync::atomic::Ordering::Acquire))
+            .find(|r| r.runtime == runtime && !r.dead.load(Ordering::Acquire))
         {
-            return Ok(());
+            return Ok((Arc::clone(&r.dead), Vec::new()));
         }
         // The registrations of runtimes that are gone go first (a runtime per call would pile
         // them up), then this runtime's (a dead one of the same id cannot exist: ids are not
         // reused, but it would be replaced all the same).
-        regs.retain(|r| !r.dead.load(std::sync::atomic::Ordering::Acquire) && r.runtime != runtime);
+        regs.retain(|r| !r.dead.load(Ordering::Acquire) && r.runtime != runtime);
         let waiter = Arc::new(register(&self.channel)?);
-        let dead = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let dead = Arc::new(AtomicBool::new(false));
         let drainer = Arc::new(Drainer {
             hub: Arc::downgrade(self),
             waiter: Arc::downgrade(&waiter),
@@ -111,31 +119,33 @@ impl Hub {
         regs.push(Registration {
             runtime,
             _waiter: waiter,
-            dead,
+            dead: Arc::clone(&dead),
         });
         drop(regs);
         // Reads what is there already and leaves the drainer registered for what comes.
-        drainer.drain();
-        Ok(())
+        let mut found = Vec::new();
+        drainer.drain(&mut found);
+        Ok((dead, found))
     }
 
-    /// Reads every event until `EAGAIN`, acks it and wakes the connection of its CQ.
-    fn read_events(&self) {
+    /// Reads every event until `EAGAIN`, acks it, and puts the waker of its CQ's connection
+    /// in `found`.
+    fn read_events(&self, found: &mut Vec<Waker>) {
         loop {
             match self.channel.channel().try_next_cq() {
                 Ok(Some(cq)) => {
-                    let waker = lock(&self.routes).get(&cq).cloned();
-                    // A CQ without a route: its connection is gone (the id may name a newer
-                    // CQ: that wake is only spurious).
-                    if let Some(w) = waker {
-                        w.wake();
+                    // A CQ without a route: its connection is gone (CQ ids are not reused).
+                    if let Some(w) = lock(&self.routes).get(&cq) {
+                        found.push(w.clone());
                     }
                 }
                 Ok(None) => return,
                 Err(e) => {
-                    // Not seen in practice (the descriptor is the channel's own, non-blocking):
-                    // the readiness is cleared all the same, and the next event comes anew.
+                    // Not seen in practice (the descriptor is the channel's own, non-blocking).
+                    // Events may be left queued, which the cleared readiness would not announce
+                    // again: every connection looks at its CQ instead.
                     tracing::warn!("evchan: reading the completion channel failed: {e}");
+                    found.extend(lock(&self.routes).values().cloned());
                     return;
                 }
             }
@@ -165,7 +175,9 @@ impl Route {
 
 impl Drop for Route {
     fn drop(&mut self) {
-        lock(&self.hub.routes).remove(&self.cq);
+        let mut routes = lock(&self.hub.routes);
+        routes.remove(&self.cq);
+        crate::runtime::trim::shrink_if_sparse(&mut routes);
     }
 }
 
@@ -175,13 +187,14 @@ impl Drop for Route {
 struct Drainer {
     hub: Weak<Hub>,
     waiter: Weak<CqWaiter>,
-    dead: Arc<std::sync::atomic::AtomicBool>,
+    dead: Arc<AtomicBool>,
 }
 
 impl Drainer {
-    /// Until the readiness is pending with this drainer's waker registered: read every event,
-    /// then clear the readiness seen before the read.
-    fn drain(self: &Arc<Self>) {
+    /// Until the readiness is pending with this drainer's waker registered: read every event
+    /// (the wakers of the connections they name into `found`), then clear the readiness seen
+    /// before the read.
+    fn drain(self: &Arc<Self>, found: &mut Vec<Waker>) {
         let (Some(hub), Some(waiter)) = (self.hub.upgrade(), self.waiter.upgrade()) else {
             return;
         };
@@ -199,12 +212,15 @@ impl Drainer {
             match polled {
                 Poll::Pending => return,
                 Poll::Ready(Err(_)) => {
-                    // The runtime is gone: this registration serves no one any more.
-                    self.dead.store(true, std::sync::atomic::Ordering::Release);
+                    // The runtime is gone: this registration serves no one any more, and goes
+                    // (with the runtime's handle it holds). tokio calls this waker at its
+                    // shutdown without a lock of its own held, so the deregistration is safe.
+                    self.dead.store(true, Ordering::Release);
+                    lock(&hub.registrations).retain(|r| !Arc::ptr_eq(&r.dead, &self.dead));
                     return;
                 }
                 Poll::Ready(Ok(mut guard)) => {
-                    hub.read_events();
+                    hub.read_events(found);
                     guard.clear_ready();
                 }
             }
@@ -214,11 +230,16 @@ impl Drainer {
 
 impl Wake for Drainer {
     fn wake(self: Arc<Self>) {
-        self.drain();
+        self.wake_by_ref();
     }
 
+    /// On the reactor's thread, no lock of ours held: the connections are woken as found.
     fn wake_by_ref(self: &Arc<Self>) {
-        self.drain();
+        let mut found = Vec::new();
+        self.drain(&mut found);
+        for w in found {
+            w.wake();
+        }
     }
 }
 

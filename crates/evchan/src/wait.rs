@@ -156,7 +156,7 @@ pub(crate) struct Taken {
 }
 
 impl Taken {
-    fn push(&mut self, w: Waker) {
+    pub(crate) fn push(&mut self, w: Waker) {
         match self.inline.get_mut(self.len) {
             Some(slot) => {
                 *slot = Some(w);

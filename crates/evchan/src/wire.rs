@@ -104,6 +104,10 @@ pub(crate) struct Wait {
     place: Place,
     /// When the busy poll began.
     spin: Option<Instant>,
+    /// The shard's own wait, which looks again on a timer of its own: it does not register
+    /// the shard's runtime with the hub (whose reactor would then wake on every event of the
+    /// shard's connections for the shard's life).
+    pub(crate) timed: bool,
 }
 
 impl Wait {
@@ -297,8 +301,9 @@ struct Path {
     undelivered: bool,
     /// The largest message this side receives (a local length error names it).
     max_recv: u32,
-    /// The runtime the last wait made sure the hub is registered with.
-    watched: Option<tokio::runtime::Id>,
+    /// The runtime the last wait made sure the hub is registered with, and that
+    /// registration's flag, set once its runtime is gone.
+    watched: Option<(tokio::runtime::Id, Arc<AtomicBool>)>,
     /// The shard disconnects (which moves the QP to the error state): flushes are expected.
     ending: bool,
     /// A work request was flushed in the batch being handled.
@@ -402,7 +407,7 @@ impl Wire {
             return Poll::Ready(Ok(()));
         }
         self.wakers.wait(role, &mut wait.place, cx.waker());
-        match path.poll_wait() {
+        match path.poll_wait(!wait.timed) {
             Poll::Pending => Poll::Pending,
             Poll::Ready(Ok(n)) => {
                 if n > 0 {
@@ -1031,15 +1036,26 @@ impl Path {
     /// Arms the CQ and polls it once more: `Ready` with the completions found (handled),
     /// `Pending` when none came — then the CQ's next completion raises an event on the shard's
     /// hub, which wakes the waiters (registered before this call), and the hub is registered
-    /// with the current runtime's reactor (see [`crate::hub`]).
-    fn poll_wait(&mut self) -> Poll<Result<usize>> {
+    /// with the current runtime's reactor (see [`crate::hub`]) unless `watch` is false.
+    /// `watch`: make sure of the registration (all but the shard's own timed waits).
+    fn poll_wait(&mut self, watch: bool) -> Poll<Result<usize>> {
         let Some(objects) = self.objects.as_ref() else {
             return Poll::Ready(Ok(0));
         };
-        let runtime = current_runtime()?;
-        if self.watched != Some(runtime) {
-            objects.route.hub().watch(runtime)?;
-            self.watched = Some(runtime);
+        if watch {
+            let runtime = current_runtime()?;
+            let live = self
+                .watched
+                .as_ref()
+                .is_some_and(|(id, dead)| *id == runtime && !dead.load(Ordering::Acquire));
+            if !live {
+                let (dead, found) = objects.route.hub().watch(runtime)?;
+                self.watched = Some((runtime, dead));
+                // Woken once the lock goes (a waker may take it).
+                for w in found {
+                    self.owed.push(w);
+                }
+            }
         }
         if let Err(e) = objects.cq.cq().req_notify(false) {
             self.lose(Lost::Verbs(e.to_string()));

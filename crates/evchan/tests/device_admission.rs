@@ -1,5 +1,6 @@
-//! Admission control on the device: a listener at `Config::max_connections` refuses a new
-//! request with a typed busy reject, and its listener and connections carry on.
+//! Admission control on the device: a listener at `Config::max_connections`, at its
+//! `Config::memory_budget`, or out of descriptors refuses a new request with a typed busy
+//! reject, and its listener and connections carry on.
 
 #[macro_use]
 mod support;
@@ -36,17 +37,40 @@ fn assert_busy(e: &Error, cause: Busy, wire: &[u8]) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn max_connections_rejects_typed_and_the_rest_carry_on() {
     require_device!();
-    let addr = v4(port(1));
-    let server = echo_server(addr, Config::new().max_connections(2)).await;
+    let config = Config::new().max_connections(2);
+    two_admitted_then_busy(
+        port(1),
+        config,
+        Busy::Connections,
+        b"evchan-busy:connections",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_budget_rejects_typed_and_the_rest_carry_on() {
+    require_device!();
+    // Room for two connections' buffers and a half: the third does not fit.
+    let config = Config::new();
+    let budget = config.buffer_bytes() * 5 / 2;
+    let config = config.memory_budget(budget);
+    two_admitted_then_busy(port(3), config, Busy::Memory, b"evchan-busy:memory").await;
+}
+
+/// A listener on `port` with `config`, which admits two connections: a third and a fourth are
+/// refused at once with `cause` (private data `wire`), the two admitted ones are not disturbed,
+/// and once one is released a new one is admitted.
+async fn two_admitted_then_busy(port: u16, config: Config, cause: Busy, wire: &[u8]) {
+    let addr = v4(port);
+    let server = echo_server(addr, config).await;
     let mut a = step("connect a", Connection::connect(addr)).await.unwrap();
     let mut b = step("connect b", Connection::connect(addr)).await.unwrap();
 
-    // The third, and a fourth: refused at once, typed, with the documented private data.
     for _ in 0..2 {
         let e = step("connect c", Connection::connect(addr))
             .await
-            .expect_err("a third connection beyond max_connections(2)");
-        assert_busy(&e, Busy::Connections, b"evchan-busy:connections");
+            .expect_err("a third connection beyond the bound");
+        assert_busy(&e, cause, wire);
     }
 
     // The two admitted connections were not disturbed.
@@ -60,10 +84,9 @@ async fn max_connections_rejects_typed_and_the_rest_carry_on() {
     let mut c = loop {
         match Connection::connect(addr).await {
             Ok(c) => break c,
-            Err(Error::Rejected {
-                busy: Some(Busy::Connections),
-                ..
-            }) if Instant::now() < deadline => {
+            Err(Error::Rejected { busy: Some(b), .. })
+                if b == cause && Instant::now() < deadline =>
+            {
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
             Err(e) => panic!("a connection after a release: {e}"),

@@ -113,10 +113,9 @@ impl<'ctx> CompChannel<'ctx> {
     ///
     /// Acked at once, the event holds nothing up: the CQ can be destroyed right after, on any
     /// thread (its destroy waits for the ack of an event read but not yet acked, which is
-    /// only the call's own moment). The id is then only a name: a CQ created after the
-    /// destroy may carry the same one, so an event routed by it may wake the wrong waiter,
-    /// never reach the wrong memory. Route it as a hint ("look at this CQ"), as
-    /// [`Cq::req_notify`]'s events are anyway.
+    /// only the call's own moment). The id is then only a name, never reused in the process: an
+    /// event read just before its CQ's destroy names a CQ that is gone. Route it as a hint
+    /// ("look at this CQ"), as [`Cq::req_notify`]'s events are anyway.
     ///
     /// # Errors
     /// [`Error::Io`] with the `ibv_get_cq_event` error.

@@ -174,6 +174,13 @@ impl SlotPool {
         Ok((SlotPool { raw }, slots))
     }
 
+    /// The memory a pool of `count` slots of `size` bytes takes: `count × size` rounded up to
+    /// whole pages (its mapping). `None` when [`new`](Self::new) would refuse the sizes.
+    #[must_use]
+    pub fn mapped_bytes(count: usize, size: usize) -> Option<usize> {
+        ffi::SlotRegion::mapped_bytes(count, size)
+    }
+
     /// The number of slots.
     #[must_use]
     pub fn count(&self) -> usize {

@@ -106,9 +106,10 @@ pub(super) struct Conn<'s> {
     pub(super) last_activity: Instant,
     /// A listener's half-open ticket, until `ESTABLISHED` (or the connection goes).
     pub(super) half_open: Option<super::half_open::HalfOpen>,
-    /// A listener's connection's admission ticket (`Config::max_connections`), held from its
-    /// request and given back when the connection is released.
-    pub(super) live: Option<super::half_open::HalfOpen>,
+    /// A listener's connection's admission tickets (`Config::max_connections`,
+    /// `Config::memory_budget`), held from its request and given back when the connection is
+    /// released.
+    pub(super) live: Option<[super::half_open::HalfOpen; 2]>,
 }
 
 impl Conn<'_> {

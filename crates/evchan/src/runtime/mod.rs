@@ -16,14 +16,15 @@
 //!
 //! When the last handle of a runtime is gone, each shard finishes closing its connections, the
 //! scope ends, and the resources go in the order librdmacm and libibverbs need: every
-//! connection's QP (with its id), CQ, completion channel and memory regions first, then the
-//! PDs, the contexts, and the event channels.
+//! connection's QP (with its id), CQ and memory regions first, then the shards' completion
+//! channels, the PDs, the contexts, and the event channels.
 
 mod conn;
 mod half_open;
 pub(crate) mod qp_events;
 pub(crate) mod removal;
 mod shard;
+pub(crate) mod trim;
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, PoisonError, Weak};

@@ -44,6 +44,7 @@ pub(crate) fn unregister(device: &str, qp_num: u32, wire: &Wire) {
         let key = (device.to_owned(), qp_num);
         if t.get(&key).is_some_and(|w| std::ptr::eq(w.as_ptr(), wire)) {
             t.remove(&key);
+            super::trim::shrink_if_sparse(t);
         }
     });
 }

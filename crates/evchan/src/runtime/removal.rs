@@ -2,9 +2,9 @@
 //!
 //! A device whose driver cannot disassociate user contexts (soft-RoCE among them) is only
 //! unregistered once every process that opened it has closed it. A runtime holds, per device,
-//! librdmacm's context and a PD for its whole life, and each connection its own QP, CQ,
-//! completion channel and memory regions; so when a device goes, the runtime retires as a
-//! whole. Two signs start it, whichever comes first:
+//! librdmacm's context and a PD for its whole life, each shard a completion channel per
+//! device, and each connection its own QP, CQ and memory regions; so when a device goes, the
+//! runtime retires as a whole. Two signs start it, whichever comes first:
 //! - `RDMA_CM_EVENT_DEVICE_REMOVAL` on any id of a shard (rdma_cm's `cma_process_remove`,
 //!   when the kernel removes rdma_cm's client from the device before the verbs client);
 //! - the device's verbs node (`/sys/class/infiniband_verbs/uverbsN`) gone, seen by the
@@ -15,9 +15,9 @@
 //!    runtime that opens the devices present then) and each of its shards is told;
 //! 2. each shard fails its listeners and connections with [`Lost::DeviceRemoved`] (pending
 //!    `accept`, `recv`, `send`, connects and accepts in setup), destroys their ids and QPs
-//!    and takes their CQs, completion channels and memory regions from their data paths at
-//!    once (no drain: the device is going; the handles still deliver what was received
-//!    before), then ends;
+//!    and takes their CQs and memory regions from their data paths at once (no drain: the
+//!    device is going; the handles still deliver what was received before), then ends, which
+//!    releases its completion channels;
 //! 3. the runtime thread drops the PDs and its references on
 //!    librdmacm's contexts, then lists librdmacm's devices until the removed one is no longer
 //!    listed: librdmacm closes a device's context only when it finds the device gone from
@@ -212,11 +212,13 @@ pub(super) fn watch<T>(
     rt: &std::sync::Weak<Runtime>,
     removal: &Removal,
 ) {
+    let mut trimmer = super::trim::Trimmer::new();
     while !shards
         .iter()
         .all(std::thread::ScopedJoinHandle::is_finished)
     {
         std::thread::sleep(WATCH_INTERVAL);
+        trimmer.tick();
         if removal.is_retired() {
             continue;
         }

@@ -75,8 +75,8 @@ pub(super) struct Migrated<'s> {
     peer: Peer,
     accept_queue: mpsc::Sender<crate::Incoming>,
     ticket: HalfOpen,
-    /// The listener's admission ticket, held for the connection's life.
-    live: HalfOpen,
+    /// The listener's admission tickets (connections, memory), held for the connection's life.
+    live: [HalfOpen; 2],
 }
 
 struct Listening<'s> {
@@ -86,9 +86,11 @@ struct Listening<'s> {
     half_open: HalfOpenLimit,
     /// `Config::max_connections`: one ticket per connection, from its request to its release.
     live: HalfOpenLimit,
-    /// A request was refused for want of a ticket and no request was admitted since: the
-    /// warning was said.
-    full: bool,
+    /// `Config::memory_budget`: a ticket of its buffer bytes per connection, as `live`.
+    memory: HalfOpenLimit,
+    /// A request was refused for want of a ticket (of `live`, of `memory`) and no request was
+    /// admitted since: the warning was said.
+    full: [bool; 2],
 }
 
 struct Shard<'s> {

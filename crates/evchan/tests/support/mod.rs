@@ -281,8 +281,8 @@ pub fn no_huge_pages() {
 }
 
 /// Raises the process's soft limit of open descriptors to its hard limit and checks that it
-/// allows `want`: each connection end holds two (its completion channel and that channel's
-/// readiness proxy), and both ends of the scale tests live in this process.
+/// allows `want` (a connection holds none of its own since the shards share completion
+/// channels; the tests that ask keep their margin).
 pub fn open_files_for(want: u64) {
     let limit = evchan_sys::raise_open_files_limit().unwrap();
     assert!(

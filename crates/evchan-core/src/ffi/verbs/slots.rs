@@ -69,6 +69,18 @@ fn page_size() -> usize {
 }
 
 impl SlotRegion {
+    /// The length of the mapping of `count` slots of `size` bytes (whole pages); `None` for
+    /// sizes that `new` refuses.
+    pub(crate) fn mapped_bytes(count: usize, size: usize) -> Option<usize> {
+        if count == 0 || size == 0 || u32::try_from(size).is_err() {
+            return None;
+        }
+        count
+            .checked_mul(size)?
+            .checked_next_multiple_of(page_size())
+            .filter(|&n| isize::try_from(n).is_ok())
+    }
+
     /// Allocates the region and makes every slot's token, once, each wrapped by `wrap`.
     pub(crate) fn new<T>(
         count: usize,
@@ -84,13 +96,8 @@ impl SlotRegion {
         if u32::try_from(size).is_err() {
             return Err(SlotError::SlotTooLarge { size });
         }
-        let too_large = SlotError::PoolTooLarge { count, size };
-        let bytes = count.checked_mul(size).ok_or(too_large)?;
-        let page = page_size();
-        let rounded = bytes.checked_next_multiple_of(page).ok_or(too_large)?;
-        if isize::try_from(rounded).is_err() {
-            return Err(too_large);
-        }
+        let rounded =
+            Self::mapped_bytes(count, size).ok_or(SlotError::PoolTooLarge { count, size })?;
         // The tokens' vector first, so that its failure is an error too, not an abort.
         let mut slots = Vec::new();
         slots

@@ -74,7 +74,8 @@ impl<'s> Shard<'s> {
                 id,
                 half_open: HalfOpenLimit::new(config.backlog),
                 live: HalfOpenLimit::new(config.max_connections),
-                full: false,
+                memory: HalfOpenLimit::new(config.memory_budget),
+                full: [false; 2],
                 config,
                 accept_queue: tx,
             },
@@ -219,7 +220,7 @@ impl<'s> Shard<'s> {
             }
         };
         let Some(live) = l.live.take() else {
-            if !std::mem::replace(&mut l.full, true) {
+            if !std::mem::replace(&mut l.full[0], true) {
                 tracing::warn!(
                     max_connections = l.config.max_connections,
                     "the listener holds its maximum of connections: requests are rejected \
@@ -229,12 +230,24 @@ impl<'s> Shard<'s> {
             let _ = id.reject(&crate::Busy::Connections.private_data());
             return;
         };
+        let Some(memory) = l.memory.take_weighted(l.config.buffer_bytes()) else {
+            if !std::mem::replace(&mut l.full[1], true) {
+                tracing::warn!(
+                    memory_budget = l.config.memory_budget,
+                    buffer_bytes = l.config.buffer_bytes(),
+                    "the listener's connections hold its memory budget: requests are rejected \
+                     (evchan-busy:memory) until one is released"
+                );
+            }
+            let _ = id.reject(&crate::Busy::Memory.private_data());
+            return;
+        };
         let Some(ticket) = l.half_open.take().filter(|_| l.accept_queue.capacity() > 0) else {
             tracing::debug!("backlog of half-open connections full: request rejected");
             let _ = id.reject(&crate::Busy::Backlog.private_data());
             return;
         };
-        l.full = false;
+        l.full = [false; 2];
         let (config, accept_queue) = (l.config.clone(), l.accept_queue.clone());
         let Some(rt) = self.runtime() else {
             let _ = id.reject(&[]);
@@ -249,7 +262,7 @@ impl<'s> Shard<'s> {
             peer,
             accept_queue,
             ticket,
-            live,
+            live: [live, memory],
         };
         if target == self.env.index {
             return self.on_migrated(m);

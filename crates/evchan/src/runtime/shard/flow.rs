@@ -15,12 +15,18 @@ use crate::runtime::ConnId;
 use crate::wait::Role;
 use crate::wire::{Heard, Wait, Waiting, Wire};
 
+/// How often the shard's own waits on a connection (its background close, a deferred
+/// disconnect) look at its CQ: bounded waits of the close, off every message's path.
+const SHARD_LOOK: std::time::Duration = std::time::Duration::from_millis(10);
+
 impl<'s> Shard<'s> {
     pub(super) fn remove(&mut self, conn: ConnId) -> Option<Conn<'s>> {
         let c = self.conns.remove(&conn)?;
         if let Some(key) = with_id!(&c.id, id => id.key()) {
             self.by_key.remove(&key);
         }
+        crate::runtime::trim::shrink_if_sparse(&mut self.conns);
+        crate::runtime::trim::shrink_if_sparse(&mut self.by_key);
         Some(c)
     }
 
@@ -31,6 +37,7 @@ impl<'s> Shard<'s> {
         c.id = IdState::Gone;
         if let Some(wire) = c.wire.take() {
             wire.release(why);
+            crate::runtime::trim::released();
         }
         for w in c.close_waiters.drain(..) {
             let _ = w.send(());
@@ -82,7 +89,7 @@ impl<'s> Shard<'s> {
         }
     }
 
-    /// Waits, in a task of this shard's runtime, until `poll` is ready on `wire` (or `limit`
+    /// Waits, in a task of this shard's runtime (looking every [`SHARD_LOOK`]), until `poll` is ready on `wire` (or `limit`
     /// passed), then tells the shard `heard`.
     pub(super) fn wait_for(
         &self,
@@ -95,9 +102,16 @@ impl<'s> Shard<'s> {
         let tx = self.heard.clone();
         tokio::spawn(async move {
             {
-                // A wait that times out leaves the closers' line.
+                // A wait that times out leaves the closers' line. It looks again every
+                // `SHARD_LOOK` (or when a runtime's reactor routes the CQ's event to it): it
+                // does not register this runtime with the hub (see `Wait::timed`).
                 let mut waiting = Waiting::new(&wire, Role::Close);
-                let wait = poll_fn(|cx| poll(&wire, cx, &mut waiting.wait));
+                waiting.wait.timed = true;
+                let mut look = tokio::time::interval(SHARD_LOOK);
+                let wait = poll_fn(|cx| {
+                    while look.poll_tick(cx).is_ready() {}
+                    poll(&wire, cx, &mut waiting.wait)
+                });
                 let _ = tokio::time::timeout(limit, wait).await;
             }
             let _ = tx.send((conn, heard));
