@@ -170,7 +170,9 @@ impl Config {
     /// it is released. A request that would go beyond is rejected at once, as beyond
     /// [`max_connections`](Self::max_connections), with [`Busy::Memory`](crate::Busy::Memory)
     /// (`evchan-busy:memory` on the wire) and a `tracing` warning; the listener and its
-    /// connections carry on. Default: no budget. Only a listener's `Config` reads it.
+    /// connections carry on. Default: no budget. Only a listener's `Config` reads it; a budget
+    /// below one connection's [`buffer_bytes`](Self::buffer_bytes) is a
+    /// [`Error::Config`](crate::Error::Config).
     ///
     /// What it bounds is the registered memory evchan maps for the connections (their slot
     /// pools), the bulk of a connection's cost with the defaults; not the rest of the process
@@ -200,11 +202,11 @@ impl Config {
     pub fn buffer_bytes(&self) -> u64 {
         let ctrl = u32::from(self.ctrl_slots);
         let size = self.max_message as usize;
-        [self.recv_depth + ctrl, self.send_depth + ctrl]
+        [self.recv_depth, self.send_depth]
             .into_iter()
             .map(|n| {
-                evchan_core::verbs::SlotPool::mapped_bytes(n as usize, size)
-                    .map_or(u64::MAX, |b| b as u64)
+                let n = (n as usize).saturating_add(ctrl as usize);
+                evchan_core::verbs::SlotPool::mapped_bytes(n, size).map_or(u64::MAX, |b| b as u64)
             })
             .fold(0u64, u64::saturating_add)
     }
@@ -280,8 +282,8 @@ impl Config {
         if self.max_connections == 0 {
             return bad("max_connections must be at least 1");
         }
-        if self.memory_budget == 0 {
-            return bad("memory_budget must be at least 1 byte");
+        if self.memory_budget < self.buffer_bytes() {
+            return bad("memory_budget must hold at least one connection's buffer_bytes");
         }
         if self.retry_count > 6 {
             return bad("retry_count must be within 0..=6 (rdma_rxe retries 7 forever)");

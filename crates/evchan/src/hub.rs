@@ -48,8 +48,8 @@ struct Registration {
     /// Held for its registration (dropping it deregisters the channel from that reactor); its
     /// drainer holds it weakly.
     _waiter: Arc<CqWaiter>,
-    /// The runtime shut down (its drainer saw the reactor's error): removed by the next
-    /// registration.
+    /// The runtime shut down (its drainer saw the reactor's error, and removed the
+    /// registration).
     dead: Arc<AtomicBool>,
 }
 
@@ -217,6 +217,9 @@ impl Drainer {
                     // shutdown without a lock of its own held, so the deregistration is safe.
                     self.dead.store(true, Ordering::Release);
                     lock(&hub.registrations).retain(|r| !Arc::ptr_eq(&r.dead, &self.dead));
+                    // Whoever sleeps relying on it looks again (and registers anew, or learns
+                    // that its runtime is gone).
+                    found.extend(lock(&hub.routes).values().cloned());
                     return;
                 }
                 Poll::Ready(Ok(mut guard)) => {

@@ -1050,11 +1050,17 @@ impl Path {
                 .is_some_and(|(id, dead)| *id == runtime && !dead.load(Ordering::Acquire));
             if !live {
                 let (dead, found) = objects.route.hub().watch(runtime)?;
-                self.watched = Some((runtime, dead));
                 // Woken once the lock goes (a waker may take it).
                 for w in found {
                     self.owed.push(w);
                 }
+                if dead.load(Ordering::Acquire) {
+                    // The runtime shut down under the first drain.
+                    return Poll::Ready(Err(Error::Config(
+                        "the tokio runtime of this wait is shutting down".into(),
+                    )));
+                }
+                self.watched = Some((runtime, dead));
             }
         }
         if let Err(e) = objects.cq.cq().req_notify(false) {

@@ -218,7 +218,9 @@ pub(super) fn watch<T>(
         .all(std::thread::ScopedJoinHandle::is_finished)
     {
         std::thread::sleep(WATCH_INTERVAL);
-        trimmer.tick();
+        if let Some(t) = &mut trimmer {
+            t.tick();
+        }
         if removal.is_retired() {
             continue;
         }

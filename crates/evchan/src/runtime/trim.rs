@@ -6,9 +6,13 @@
 //! allocator, and glibc keeps freed memory in its arenas: after a burst of a thousand
 //! connections had closed, a process measured 15 MiB above where it started. So each runtime's
 //! thread, which looks at its devices every 50 ms anyway, calls `malloc_trim(0)` once
-//! connections were released ([`TRIM_AFTER`] or more since its last trim) and none for
-//! [`QUIET`]: once per burst, off every connection's path, and never while connections come
-//! and go.
+//! connections with a data path were released in the process ([`TRIM_AFTER`] or more since its
+//! last trim) and none for [`QUIET`] (to within one look): once per burst and runtime (a
+//! process has a runtime per `Config::shards` value in use), off every connection's path.
+//! Under slow churn it trims about every [`TRIM_AFTER`] releases that a second's pause
+//! follows. `malloc_trim` holds each arena's lock while it walks it: an application with a
+//! large heap that cannot afford that pause turns it off with `EVCHAN_MALLOC_TRIM=0` in the
+//! environment (read when the runtime starts).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -44,13 +48,17 @@ pub(super) struct Trimmer {
 }
 
 impl Trimmer {
-    pub(super) fn new() -> Self {
+    /// `None` when `EVCHAN_MALLOC_TRIM=0` turns the trims off.
+    pub(super) fn new() -> Option<Self> {
+        if std::env::var_os("EVCHAN_MALLOC_TRIM").is_some_and(|v| v == "0") {
+            return None;
+        }
         let n = RELEASED.load(Ordering::Relaxed);
-        Self {
+        Some(Self {
             seen: n,
             trimmed: n,
             changed: Instant::now(),
-        }
+        })
     }
 
     /// Looks at the releases, and trims when due (see the module's docs).

@@ -15,9 +15,12 @@ use crate::runtime::ConnId;
 use crate::wait::Role;
 use crate::wire::{Heard, Wait, Waiting, Wire};
 
-/// How often the shard's own waits on a connection (its background close, a deferred
-/// disconnect) look at its CQ: bounded waits of the close, off every message's path.
-const SHARD_LOOK: std::time::Duration = std::time::Duration::from_millis(10);
+/// How soon the shard's own waits on a connection (its background close, a deferred
+/// disconnect) look at its CQ again, at first: the interval doubles after each look, up to
+/// [`SHARD_LOOK_MAX`]. Bounded waits of the close, off every message's path.
+const SHARD_LOOK: Duration = Duration::from_millis(10);
+/// The longest interval between two looks of a shard's wait.
+const SHARD_LOOK_MAX: Duration = Duration::from_millis(200);
 
 impl<'s> Shard<'s> {
     pub(super) fn remove(&mut self, conn: ConnId) -> Option<Conn<'s>> {
@@ -89,8 +92,8 @@ impl<'s> Shard<'s> {
         }
     }
 
-    /// Waits, in a task of this shard's runtime (looking every [`SHARD_LOOK`]), until `poll` is ready on `wire` (or `limit`
-    /// passed), then tells the shard `heard`.
+    /// Waits, in a task of this shard's runtime (looking on a timer, see [`SHARD_LOOK`]), until
+    /// `poll` is ready on `wire` (or `limit` passed), then tells the shard `heard`.
     pub(super) fn wait_for(
         &self,
         conn: ConnId,
@@ -102,14 +105,18 @@ impl<'s> Shard<'s> {
         let tx = self.heard.clone();
         tokio::spawn(async move {
             {
-                // A wait that times out leaves the closers' line. It looks again every
-                // `SHARD_LOOK` (or when a runtime's reactor routes the CQ's event to it): it
-                // does not register this runtime with the hub (see `Wait::timed`).
+                // A wait that times out leaves the closers' line. It looks again on a timer
+                // (or when a runtime's reactor routes the CQ's event to it): it does not
+                // register this runtime with the hub (see `Wait::timed`).
                 let mut waiting = Waiting::new(&wire, Role::Close);
                 waiting.wait.timed = true;
-                let mut look = tokio::time::interval(SHARD_LOOK);
+                let mut every = SHARD_LOOK;
+                let mut look = std::pin::pin!(tokio::time::sleep(every));
                 let wait = poll_fn(|cx| {
-                    while look.poll_tick(cx).is_ready() {}
+                    while std::future::Future::poll(look.as_mut(), cx).is_ready() {
+                        every = (every * 2).min(SHARD_LOOK_MAX);
+                        look.as_mut().reset(tokio::time::Instant::now() + every);
+                    }
                     poll(&wire, cx, &mut waiting.wait)
                 });
                 let _ = tokio::time::timeout(limit, wait).await;
