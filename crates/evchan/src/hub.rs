@@ -48,9 +48,27 @@ struct Registration {
     /// Held for its registration (dropping it deregisters the channel from that reactor); its
     /// drainer holds it weakly.
     _waiter: Arc<CqWaiter>,
-    /// The runtime shut down (its drainer saw the reactor's error, and removed the
-    /// registration).
-    dead: Arc<AtomicBool>,
+    drainer: Arc<Drainer>,
+}
+
+/// A wait's hold on the registration of its runtime ([`Hub::watch`]).
+pub(crate) struct Watch(Arc<Drainer>);
+
+impl Watch {
+    /// The registration's runtime shut down: watch again (which fails where that runtime is
+    /// the current one).
+    pub(crate) fn is_dead(&self) -> bool {
+        self.0.dead.load(Ordering::Acquire)
+    }
+
+    /// Finishes a drain the drainer left to the next wait (see [`Drainer::wake_by_ref`]):
+    /// reads the events left, clears the readiness and registers the drainer again; the
+    /// wakers of the connections those events name go into `found`.
+    pub(crate) fn resume(&self, found: &mut Vec<Waker>) {
+        if self.0.pending.swap(false, Ordering::AcqRel) {
+            self.0.drain(found);
+        }
+    }
 }
 
 impl std::fmt::Debug for Hub {
@@ -87,9 +105,9 @@ impl Hub {
     }
 
     /// Makes sure the channel is registered with the reactor of the current runtime (`runtime`),
-    /// its drainer waiting for the readiness. Returns the registration's flag, set once its
-    /// runtime is gone (a wait that finds it set watches again), and the wakers of what the
-    /// first drain found: the caller wakes them once its own locks are let go.
+    /// its drainer waiting for the readiness. Returns the wait's [`Watch`] of the registration
+    /// and the wakers of what a first drain found: the caller wakes them once its own locks
+    /// are let go.
     ///
     /// # Errors
     /// [`Error::Config`] when the runtime has no I/O driver; the reactor's registration error
@@ -97,35 +115,35 @@ impl Hub {
     pub(crate) fn watch(
         self: &Arc<Self>,
         runtime: tokio::runtime::Id,
-    ) -> Result<(Arc<AtomicBool>, Vec<Waker>)> {
+    ) -> Result<(Watch, Vec<Waker>)> {
         let mut regs = lock(&self.registrations);
         if let Some(r) = regs
             .iter()
-            .find(|r| r.runtime == runtime && !r.dead.load(Ordering::Acquire))
+            .find(|r| r.runtime == runtime && !r.drainer.dead.load(Ordering::Acquire))
         {
-            return Ok((Arc::clone(&r.dead), Vec::new()));
+            return Ok((Watch(Arc::clone(&r.drainer)), Vec::new()));
         }
         // The registrations of runtimes that are gone go first (a runtime per call would pile
         // them up), then this runtime's (a dead one of the same id cannot exist: ids are not
         // reused, but it would be replaced all the same).
-        regs.retain(|r| !r.dead.load(Ordering::Acquire) && r.runtime != runtime);
+        regs.retain(|r| !r.drainer.dead.load(Ordering::Acquire) && r.runtime != runtime);
         let waiter = Arc::new(register(&self.channel)?);
-        let dead = Arc::new(AtomicBool::new(false));
         let drainer = Arc::new(Drainer {
             hub: Arc::downgrade(self),
             waiter: Arc::downgrade(&waiter),
-            dead: Arc::clone(&dead),
+            dead: AtomicBool::new(false),
+            pending: AtomicBool::new(false),
         });
         regs.push(Registration {
             runtime,
             _waiter: waiter,
-            dead: Arc::clone(&dead),
+            drainer: Arc::clone(&drainer),
         });
         drop(regs);
         // Reads what is there already and leaves the drainer registered for what comes.
         let mut found = Vec::new();
         drainer.drain(&mut found);
-        Ok((dead, found))
+        Ok((Watch(drainer), found))
     }
 
     /// Reads every event until `EAGAIN`, acks it, and puts the waker of its CQ's connection
@@ -187,7 +205,12 @@ impl Drop for Route {
 struct Drainer {
     hub: Weak<Hub>,
     waiter: Weak<CqWaiter>,
-    dead: Arc<AtomicBool>,
+    /// The runtime shut down (the drainer saw the reactor's error and removed the
+    /// registration).
+    dead: AtomicBool,
+    /// The drainer woke the hub's one connection without reading the channel: the next wait
+    /// in this runtime reads it and registers the drainer again ([`Watch::resume`]).
+    pending: AtomicBool,
 }
 
 impl Drainer {
@@ -216,7 +239,7 @@ impl Drainer {
                     // (with the runtime's handle it holds). tokio calls this waker at its
                     // shutdown without a lock of its own held, so the deregistration is safe.
                     self.dead.store(true, Ordering::Release);
-                    lock(&hub.registrations).retain(|r| !Arc::ptr_eq(&r.dead, &self.dead));
+                    lock(&hub.registrations).retain(|r| !Arc::ptr_eq(&r.drainer, self));
                     // Whoever sleeps relying on it looks again (and registers anew, or learns
                     // that its runtime is gone).
                     found.extend(lock(&hub.routes).values().cloned());
@@ -237,7 +260,31 @@ impl Wake for Drainer {
     }
 
     /// On the reactor's thread, no lock of ours held: the connections are woken as found.
+    ///
+    /// With one connection on the hub, the event can only be its own: it is woken at once,
+    /// and reading the channel is left to its next wait (or any next wait in this runtime),
+    /// which then registers the drainer again. So the reads (two system calls: the event and
+    /// `EAGAIN`) come after the message, as they do for a channel of one's own, instead of
+    /// before its task runs. Until that wait, this runtime's reactor is deaf to the channel;
+    /// every task that could need it was just woken (all the connection's waiters are), and
+    /// a task that waits later resumes the drain first.
     fn wake_by_ref(self: &Arc<Self>) {
+        let Some(hub) = self.hub.upgrade() else {
+            return;
+        };
+        let single = {
+            let routes = lock(&hub.routes);
+            if routes.len() == 1 {
+                routes.values().next().cloned()
+            } else {
+                None
+            }
+        };
+        if let Some(waker) = single {
+            self.pending.store(true, Ordering::Release);
+            waker.wake();
+            return;
+        }
         let mut found = Vec::new();
         self.drain(&mut found);
         for w in found {

@@ -301,9 +301,9 @@ struct Path {
     undelivered: bool,
     /// The largest message this side receives (a local length error names it).
     max_recv: u32,
-    /// The runtime the last wait made sure the hub is registered with, and that
-    /// registration's flag, set once its runtime is gone.
-    watched: Option<(tokio::runtime::Id, Arc<AtomicBool>)>,
+    /// The runtime the last wait made sure the hub is registered with, and its hold on that
+    /// registration.
+    watched: Option<(tokio::runtime::Id, crate::hub::Watch)>,
     /// The shard disconnects (which moves the QP to the error state): flushes are expected.
     ending: bool,
     /// A work request was flushed in the batch being handled.
@@ -1047,20 +1047,26 @@ impl Path {
             let live = self
                 .watched
                 .as_ref()
-                .is_some_and(|(id, dead)| *id == runtime && !dead.load(Ordering::Acquire));
+                .is_some_and(|(id, w)| *id == runtime && !w.is_dead());
+            let mut found = Vec::new();
             if !live {
-                let (dead, found) = objects.route.hub().watch(runtime)?;
-                // Woken once the lock goes (a waker may take it).
-                for w in found {
-                    self.owed.push(w);
-                }
-                if dead.load(Ordering::Acquire) {
-                    // The runtime shut down under the first drain.
-                    return Poll::Ready(Err(Error::Config(
-                        "the tokio runtime of this wait is shutting down".into(),
-                    )));
-                }
-                self.watched = Some((runtime, dead));
+                let (w, first) = objects.route.hub().watch(runtime)?;
+                found = first;
+                self.watched = Some((runtime, w));
+            }
+            let (_, w) = self.watched.as_ref().expect("set above");
+            w.resume(&mut found);
+            let dead = w.is_dead();
+            // Woken once the lock goes (a waker may take it).
+            for w in found {
+                self.owed.push(w);
+            }
+            if dead {
+                // The runtime shut down under the drain.
+                self.watched = None;
+                return Poll::Ready(Err(Error::Config(
+                    "the tokio runtime of this wait is shutting down".into(),
+                )));
             }
         }
         if let Err(e) = objects.cq.cq().req_notify(false) {
