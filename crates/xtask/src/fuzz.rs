@@ -18,7 +18,13 @@ use std::time::{Duration, Instant};
 use crate::{root, setup, Result};
 
 /// The fuzz targets (`fuzz/fuzz_targets/*.rs`).
-pub const TARGETS: &[&str] = &["cm_event", "work_completion", "async_event", "handshake"];
+pub const TARGETS: &[&str] = &[
+    "cm_event",
+    "work_completion",
+    "async_event",
+    "handshake",
+    "remote_buf",
+];
 /// How long `cargo xtask test` fuzzes each target, after its seeds and regressions.
 const LADDER_SECONDS: u64 = 20;
 /// The default of `cargo xtask fuzz`.

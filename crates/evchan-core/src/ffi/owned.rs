@@ -128,6 +128,17 @@ impl<B: MrBuffer> MrCell<B> {
         Ok(Self { mr, pd })
     }
 
+    /// As [`new`](Self::new), registered with `access` (`ibv_access_flags`).
+    pub(crate) fn with_access(
+        pd: Arc<PdCell>,
+        buf: B,
+        access: u32,
+    ) -> Result<Self, (crate::verbs::Error, B)> {
+        // SAFETY: as in `new`.
+        let mr = Mr::with_access(&unsafe { anchor(&pd) }.pd, buf, access)?;
+        Ok(Self { mr, pd })
+    }
+
     pub(crate) fn mr(&self) -> &Mr<'_, B> {
         &self.mr
     }

@@ -42,6 +42,10 @@ pub enum Error {
     /// the id went, or by `destroy_qp`). Nothing was posted.
     #[error("the QP was destroyed by its rdma_cm id; nothing was posted")]
     QpDestroyed,
+    /// A one-sided operation's range is not inside the peer's descriptor, or an atomic's word
+    /// is not aligned, or the local slot is too small: nothing was posted.
+    #[error("{0}")]
+    Remote(#[from] super::RemoteError),
 }
 
 impl Error {
@@ -66,7 +70,9 @@ impl From<Error> for io::Error {
             Error::NoDevice | Error::DeviceNotFound(_) => {
                 io::Error::new(io::ErrorKind::NotFound, e)
             }
-            Error::InvalidArgument(_) => io::Error::new(io::ErrorKind::InvalidInput, e),
+            Error::InvalidArgument(_) | Error::Remote(_) => {
+                io::Error::new(io::ErrorKind::InvalidInput, e)
+            }
             Error::UnlistedCq(_) => io::Error::other(e),
             Error::QpDestroyed => io::Error::new(io::ErrorKind::NotConnected, e),
         }

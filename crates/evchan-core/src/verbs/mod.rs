@@ -73,6 +73,7 @@ mod error;
 mod mr;
 pub mod owned;
 mod qp;
+mod remote;
 mod slots;
 mod wc;
 
@@ -88,7 +89,11 @@ pub use error::{Error, ForeignPd, PostError, Result};
 pub use mr::Mr;
 #[cfg(feature = "tokio")]
 pub use owned::CqWaiter;
-pub use owned::{OwnedCompChannel, OwnedCq, OwnedMr, OwnedPd, QpHandle};
+pub use owned::{atomic_result, OwnedCompChannel, OwnedCq, OwnedMr, OwnedPd, QpHandle};
 pub use qp::{Posted, Qp, QpCaps, QpState, RtrAttr, RtsAttr};
+pub use remote::{
+    Access, AllowsAtomic, AllowsRead, AllowsWrite, Exposed, RemoteAtomic, RemoteBuf, RemoteError,
+    RemoteRead, RemoteReadWrite, RemoteWrite, Revoked,
+};
 pub use slots::{PostedSlot, Slot, SlotError, SlotPool, SlotPostError};
 pub use wc::{WcOpcode, WcStatus, WorkCompletion};

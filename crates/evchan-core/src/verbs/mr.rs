@@ -83,6 +83,23 @@ impl<'pd, B: MrBuffer> Mr<'pd, B> {
             .map_err(|(e, b)| (Error::io("ibv_reg_mr")(e), b))
     }
 
+    /// `ibv_reg_mr` with `access` (`ibv_access_flags`): the remote registrations of
+    /// [`Exposed`](super::Exposed), whose buffer shows no bytes.
+    pub(crate) fn with_access(
+        pd: &'pd Pd<'_>,
+        buf: B,
+        access: u32,
+    ) -> std::result::Result<Self, (Error, B)> {
+        ffi::Mr::new(&pd.raw, buf, access)
+            .map(|raw| Mr { raw })
+            .map_err(|(e, b)| (Error::io("ibv_reg_mr")(e), b))
+    }
+
+    /// The registered buffer.
+    pub(crate) fn buffer(&self) -> &B {
+        self.raw.buffer()
+    }
+
     /// The local key (`ibv_mr::lkey`), for [`Sge`]s of raw work requests.
     #[must_use]
     pub fn lkey(&self) -> u32 {

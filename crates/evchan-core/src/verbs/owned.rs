@@ -61,8 +61,8 @@ use crate::ffi::owned as ffi;
 #[cfg(feature = "tokio")]
 use super::AsyncWaiter;
 use super::{
-    CompChannel, Context, Cq, Error, Mr, MrBuffer, Pd, PostedSlot, Result, Slot, SlotPool,
-    SlotPostError,
+    AllowsAtomic, AllowsRead, AllowsWrite, CompChannel, Context, Cq, Error, Mr, MrBuffer, Pd,
+    PostedSlot, RemoteBuf, RemoteError, Result, Slot, SlotPool, SlotPostError,
 };
 #[allow(unused_imports)] // doc links
 use crate::CmId;
@@ -365,6 +365,139 @@ impl QpHandle {
             None => Err(destroyed(slot)),
         })
     }
+}
+
+impl QpHandle {
+    /// The post behind the one-sided methods: `op` with `slot`'s first `len` bytes, once
+    /// `addr` (the remote range's check) is `Ok`.
+    fn remote(
+        &self,
+        mr: &Mr<'_, SlotPool>,
+        slot: Slot,
+        len: usize,
+        addr: std::result::Result<u64, RemoteError>,
+        op: impl FnOnce(u64) -> crate::ffi::verbs::RemoteOp,
+    ) -> std::result::Result<PostedSlot, SlotPostError> {
+        let addr = match addr {
+            Ok(a) => a,
+            Err(e) => {
+                return Err(SlotPostError {
+                    slot,
+                    error: e.into(),
+                })
+            }
+        };
+        self.0.with(|qp| match qp {
+            Some(qp) => super::slots::remote_on(Some(qp), mr, slot, len, op(addr)),
+            None => Err(destroyed(slot)),
+        })
+    }
+
+    /// RDMA WRITE of `slot`'s first [`len`](Slot::len) bytes to `offset` of the peer's `to`
+    /// (with immediate data when `imm` is `Some`, which consumes a receive of the peer's). The
+    /// slot stays with the returned [`PostedSlot`] until the completion.
+    ///
+    /// # Errors
+    /// [`SlotPostError`], with the slot: [`Error::Remote`] when the range is not inside `to`
+    /// (nothing posted), else as [`post_send_slot`](Self::post_send_slot).
+    #[doc(alias = "IBV_WR_RDMA_WRITE")]
+    pub fn post_write_slot<A: AllowsWrite>(
+        &self,
+        mr: &Mr<'_, SlotPool>,
+        slot: Slot,
+        to: &RemoteBuf<A>,
+        offset: u64,
+        imm: Option<u32>,
+    ) -> std::result::Result<PostedSlot, SlotPostError> {
+        let len = slot.len();
+        let rkey = to.rkey();
+        let addr = to.range(offset, len as u64);
+        self.remote(mr, slot, len, addr, |addr| {
+            crate::ffi::verbs::RemoteOp::Write { addr, rkey, imm }
+        })
+    }
+
+    /// RDMA READ of `len` bytes at `offset` of the peer's `from` into `slot`, whose bytes
+    /// are back (its [`len`](Slot::len) set) only with the completion.
+    ///
+    /// # Errors
+    /// [`SlotPostError`], with the slot: [`Error::Remote`] when the range is not inside `from`
+    /// or `len` is above the slot's capacity (nothing posted), else as
+    /// [`post_send_slot`](Self::post_send_slot).
+    #[doc(alias = "IBV_WR_RDMA_READ")]
+    pub fn post_read_slot<A: AllowsRead>(
+        &self,
+        mr: &Mr<'_, SlotPool>,
+        slot: Slot,
+        from: &RemoteBuf<A>,
+        offset: u64,
+        len: usize,
+    ) -> std::result::Result<PostedSlot, SlotPostError> {
+        let rkey = from.rkey();
+        let addr = from.range(offset, len as u64);
+        self.remote(mr, slot, len, addr, |addr| {
+            crate::ffi::verbs::RemoteOp::Read { addr, rkey }
+        })
+    }
+
+    /// 8-byte fetch-and-add of `add` on the aligned word at `offset` of the peer's `at`; the
+    /// word's previous value arrives in the slot's first 8 bytes with the completion (read it
+    /// with [`atomic_result`]).
+    ///
+    /// # Errors
+    /// [`SlotPostError`], with the slot: [`Error::Remote`] when the word is not inside `at`,
+    /// not aligned, or the slot is under 8 bytes (nothing posted), else as
+    /// [`post_send_slot`](Self::post_send_slot).
+    #[doc(alias = "IBV_WR_ATOMIC_FETCH_AND_ADD")]
+    pub fn post_fetch_add_slot<A: AllowsAtomic>(
+        &self,
+        mr: &Mr<'_, SlotPool>,
+        slot: Slot,
+        at: &RemoteBuf<A>,
+        offset: u64,
+        add: u64,
+    ) -> std::result::Result<PostedSlot, SlotPostError> {
+        let rkey = at.rkey();
+        self.remote(mr, slot, 8, at.word(offset), |addr| {
+            crate::ffi::verbs::RemoteOp::FetchAdd { addr, rkey, add }
+        })
+    }
+
+    /// 8-byte compare-and-swap on the aligned word at `offset` of the peer's `at`: `swap` is
+    /// written if the word equals `compare`; the previous value arrives in the slot as for
+    /// [`post_fetch_add_slot`](Self::post_fetch_add_slot).
+    ///
+    /// # Errors
+    /// As [`post_fetch_add_slot`](Self::post_fetch_add_slot).
+    #[doc(alias = "IBV_WR_ATOMIC_CMP_AND_SWP")]
+    pub fn post_compare_swap_slot<A: AllowsAtomic>(
+        &self,
+        mr: &Mr<'_, SlotPool>,
+        slot: Slot,
+        at: &RemoteBuf<A>,
+        offset: u64,
+        compare: u64,
+        swap: u64,
+    ) -> std::result::Result<PostedSlot, SlotPostError> {
+        let rkey = at.rkey();
+        self.remote(mr, slot, 8, at.word(offset), |addr| {
+            crate::ffi::verbs::RemoteOp::CompareSwap {
+                addr,
+                rkey,
+                compare,
+                swap,
+            }
+        })
+    }
+}
+
+/// The previous value an atomic's completed slot holds: its first 8 bytes in the host's byte
+/// order, as the verbs return it (rdma_rxe converts the wire's big-endian value,
+/// `atmack_orig`); `None` for a slot under 8 bytes long.
+#[must_use]
+pub fn atomic_result(slot: &Slot) -> Option<u64> {
+    let b: [u8; 8] = slot.as_slice().get(..8)?.try_into().ok()?;
+    Some(u64::from_ne_bytes(b))
 }
 
 fn destroyed(slot: Slot) -> SlotPostError {

@@ -482,7 +482,17 @@ fn post(
             slot: Slot { raw, len },
             wr_id,
             qp_num: qp.qp_num(),
-            recv: matches!(op, ffi::SlotOp::Recv),
+            // The device writes the slot: its length comes from the completion.
+            recv: matches!(
+                op,
+                ffi::SlotOp::Recv
+                    | ffi::SlotOp::Remote {
+                        op: ffi::RemoteOp::Read { .. }
+                            | ffi::RemoteOp::FetchAdd { .. }
+                            | ffi::RemoteOp::CompareSwap { .. },
+                        ..
+                    }
+            ),
         }),
         Err((why, raw)) => Err(SlotPostError {
             slot: Slot { raw, len },
@@ -497,6 +507,35 @@ fn post(
             },
         }),
     }
+}
+
+/// A one-sided operation with `slot`'s first `len` bytes as its local side (checked against
+/// the slot's capacity here).
+pub(super) fn remote_on(
+    qp: Option<ffi::QpPtr<'_>>,
+    mr: &Mr<'_, SlotPool>,
+    slot: Slot,
+    len: usize,
+    op: ffi::RemoteOp,
+) -> Result<PostedSlot, SlotPostError> {
+    if len > slot.capacity() {
+        let capacity = slot.capacity();
+        return Err(SlotPostError {
+            slot,
+            error: super::RemoteError::LocalTooSmall {
+                need: len,
+                capacity,
+            }
+            .into(),
+        });
+    }
+    post(
+        "ibv_post_send",
+        qp,
+        mr,
+        slot,
+        ffi::SlotOp::Remote { len, op },
+    )
 }
 
 pub(super) fn recv_on(

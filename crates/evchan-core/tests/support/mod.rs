@@ -7,6 +7,7 @@
 //! - this module: the VM's addresses, ports, events, deadlines, and the rdma_cm steps every
 //!   connection test repeats (a listener, a resolved or routed id, a connect/accept handshake);
 //! - [`verbs`]: the device context, loopback QP pairs and event-driven completion waits;
+//! - [`owned`]: connections over owned-style objects (`QpHandle`, slot pools);
 //! - [`tool`] and [`interop`]: rdma-core's programs as subprocesses, for the interop tests.
 #![allow(dead_code, unused_macros)]
 
@@ -23,6 +24,8 @@ use evchan_core::verbs::QpInit;
 use evchan_core::{CmEvent, CmId, EventChannel};
 
 pub mod interop;
+#[cfg(feature = "tokio")]
+pub mod owned;
 pub mod tool;
 pub mod verbs;
 

@@ -39,6 +39,7 @@ use evchan_sys as sys;
 mod async_event;
 mod cq;
 mod device;
+pub(crate) mod exposed;
 mod mr;
 mod qp;
 mod raw_post;
@@ -49,7 +50,7 @@ pub(crate) use cq::{CompChannel, Cq, CqEventAck, RawWc};
 pub(crate) use device::{Context, DeviceList};
 pub use mr::MrBuffer;
 pub(crate) use mr::{Mr, Pd, Posted, OWNED_WR_ID_BIT};
-pub(crate) use qp::{check_same_context, same_context, sge_of, Qp, QpCaps, QpModify};
+pub(crate) use qp::{check_same_context, same_context, sge_of, Qp, QpCaps, QpModify, RemoteOp};
 pub use qp::{SendFlags, Sge};
 pub(crate) use slots::{post_slot, RawSlot, SlotOp, SlotRefusal, SlotRegion};
 

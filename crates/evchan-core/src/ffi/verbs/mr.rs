@@ -149,6 +149,11 @@ impl<'pd, B: MrBuffer> Mr<'pd, B> {
         }
     }
 
+    /// The registered buffer.
+    pub(crate) fn buffer(&self) -> &B {
+        &self.buf
+    }
+
     pub(crate) fn lkey(&self) -> u32 {
         // SAFETY: live MR; `lkey` is written once at registration.
         unsafe { (*self.ptr.as_ptr()).lkey }

@@ -281,6 +281,90 @@ impl QpPtr<'_> {
         sys::cvt_errno(ret)
     }
 
+    /// `ibv_post_send` of one signaled one-sided work request: `op` against the peer's
+    /// memory, with `sges` as the local side (the source of a WRITE, the destination of a READ
+    /// or of an atomic's original value). Refused on a UD QP, as [`post_send`](Self::post_send).
+    ///
+    /// # Safety
+    ///
+    /// As [`post_send`](Self::post_send), and the device *writes* the local memory of a READ
+    /// or an atomic: it must be registered with local write access and not be read or written
+    /// by anyone else until the completion. The remote address and key are the peer's
+    /// business: a wrong one fails the request at the peer (a remote access error), never
+    /// reaching local memory beyond `sges`.
+    #[inline]
+    pub(crate) unsafe fn post_remote(
+        &self,
+        wr_id: u64,
+        sges: &[Sge],
+        op: RemoteOp,
+    ) -> io::Result<()> {
+        if self.qp_type() != sys::ibv_qp_type::IBV_QPT_RC {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "one-sided operations need a reliable connected (RC) QP",
+            ));
+        }
+        let (mut sg, num_sge) = c_sg_list(sges)?;
+        // SAFETY: ibv_send_wr is plain data (integers, raw pointers, unions of those); all-zero
+        // is valid (NULL next).
+        let mut wr: sys::ibv_send_wr = unsafe { MaybeUninit::zeroed().assume_init() };
+        wr.wr_id = wr_id;
+        wr.sg_list = sg.as_mut_ptr();
+        wr.num_sge = num_sge;
+        wr.send_flags = sys::ibv_send_flags::IBV_SEND_SIGNALED.0;
+        match op {
+            RemoteOp::Write { addr, rkey, imm } => {
+                wr.opcode = match imm {
+                    Some(imm) => {
+                        wr.imm_data_invalidated_rkey_union.imm_data = imm.to_be();
+                        sys::ibv_wr_opcode::IBV_WR_RDMA_WRITE_WITH_IMM
+                    }
+                    None => sys::ibv_wr_opcode::IBV_WR_RDMA_WRITE,
+                };
+                wr.wr.rdma = sys::rdma_t {
+                    remote_addr: addr,
+                    rkey,
+                };
+            }
+            RemoteOp::Read { addr, rkey } => {
+                wr.opcode = sys::ibv_wr_opcode::IBV_WR_RDMA_READ;
+                wr.wr.rdma = sys::rdma_t {
+                    remote_addr: addr,
+                    rkey,
+                };
+            }
+            RemoteOp::FetchAdd { addr, rkey, add } => {
+                wr.opcode = sys::ibv_wr_opcode::IBV_WR_ATOMIC_FETCH_AND_ADD;
+                wr.wr.atomic = sys::atomic_t {
+                    remote_addr: addr,
+                    compare_add: add,
+                    swap: 0,
+                    rkey,
+                };
+            }
+            RemoteOp::CompareSwap {
+                addr,
+                rkey,
+                compare,
+                swap,
+            } => {
+                wr.opcode = sys::ibv_wr_opcode::IBV_WR_ATOMIC_CMP_AND_SWP;
+                wr.wr.atomic = sys::atomic_t {
+                    remote_addr: addr,
+                    compare_add: compare,
+                    swap,
+                    rkey,
+                };
+            }
+        }
+        let mut bad: *mut sys::ibv_send_wr = ptr::null_mut();
+        // SAFETY: live QP; `wr` and `sg` outlive the call (the provider copies them); the
+        // local memory they name is the caller's contract.
+        let ret = unsafe { sys::ibv_post_send(self.ptr.as_ptr(), &mut wr, &mut bad) };
+        sys::cvt_errno(ret)
+    }
+
     /// `ibv_post_send` of one work request.
     ///
     /// Refused (`InvalidInput`, before the call) on a UD QP (an rdma_cm id of the UDP port
@@ -544,4 +628,26 @@ impl Drop for Qp<'_> {
         // at read (RawAsyncEvent), so ibv_destroy_qp cannot wait on one.
         let _ = unsafe { sys::ibv_destroy_qp(self.ptr.as_ptr()) };
     }
+}
+
+/// A one-sided operation against the peer's memory ([`QpPtr::post_remote`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum RemoteOp {
+    /// RDMA WRITE (with immediate data when `imm` is `Some`).
+    Write {
+        addr: u64,
+        rkey: u32,
+        imm: Option<u32>,
+    },
+    /// RDMA READ.
+    Read { addr: u64, rkey: u32 },
+    /// 8-byte fetch-and-add.
+    FetchAdd { addr: u64, rkey: u32, add: u64 },
+    /// 8-byte compare-and-swap.
+    CompareSwap {
+        addr: u64,
+        rkey: u32,
+        compare: u64,
+        swap: u64,
+    },
 }

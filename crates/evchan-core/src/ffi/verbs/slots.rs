@@ -62,7 +62,30 @@ unsafe impl Send for SlotRegion {}
 // SAFETY: `&SlotRegion` reads only the immutable fields (base, count, size), never the bytes.
 unsafe impl Sync for SlotRegion {}
 
-fn page_size() -> usize {
+/// A new anonymous private mapping of `len` (at least 1) zeroed bytes, readable and writable.
+pub(crate) fn map_zeroed(len: usize) -> io::Result<NonNull<u8>> {
+    if len == 0 {
+        return Err(io::Error::from(io::ErrorKind::InvalidInput));
+    }
+    // SAFETY: an anonymous private mapping of a non-zero length at an address of the kernel's
+    // choice: it touches no existing memory. Its pages read as zero.
+    let ptr = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    if ptr == libc::MAP_FAILED {
+        return Err(io::Error::last_os_error());
+    }
+    NonNull::new(ptr.cast::<u8>()).ok_or_else(|| io::Error::from_raw_os_error(libc::ENOMEM))
+}
+
+pub(crate) fn page_size() -> usize {
     // SAFETY: sysconf has no preconditions.
     let n = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
     usize::try_from(n).ok().filter(|&n| n > 0).unwrap_or(4096)
@@ -105,24 +128,7 @@ impl SlotRegion {
             .map_err(|_| SlotError::OutOfMemory {
                 bytes: count.saturating_mul(std::mem::size_of::<T>()),
             })?;
-        // SAFETY: an anonymous private mapping of a non-zero length (count and size are at
-        // least 1) at an address of the kernel's choice: it touches no existing memory. Its
-        // pages read as zero.
-        let ptr = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                rounded,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        };
-        if ptr == libc::MAP_FAILED {
-            return Err(SlotError::OutOfMemory { bytes: rounded });
-        }
-        let base =
-            NonNull::new(ptr.cast::<u8>()).ok_or(SlotError::OutOfMemory { bytes: rounded })?;
+        let base = map_zeroed(rounded).map_err(|_| SlotError::OutOfMemory { bytes: rounded })?;
         let region = Arc::new(SlotRegion {
             base,
             mapped: rounded,
@@ -239,6 +245,8 @@ pub(crate) enum SlotOp {
     /// A signaled SEND of the slot's first `len` bytes (none: no scatter/gather element), with
     /// immediate data when `imm` is `Some`.
     Send { len: usize, imm: Option<u32> },
+    /// A signaled one-sided operation with the slot's first `len` bytes as its local side.
+    Remote { len: usize, op: super::qp::RemoteOp },
 }
 
 /// Why a slot was not posted.
@@ -295,7 +303,7 @@ pub(crate) fn post_slot(
     }
     let len = match op {
         SlotOp::Recv => slot.capacity(),
-        SlotOp::Send { len, .. } => len.min(slot.capacity()),
+        SlotOp::Send { len, .. } | SlotOp::Remote { len, .. } => len.min(slot.capacity()),
     };
     let one = [Sge {
         addr: slot.start() as u64,
@@ -327,6 +335,10 @@ pub(crate) fn post_slot(
                 },
             )
         },
+        // SAFETY: as above: the slot's bytes (registered with local write access, as every
+        // pool is) are the local side, read by a WRITE, written by a READ or an atomic, and
+        // reached by nothing else until the completion. Signaled.
+        SlotOp::Remote { op, .. } => unsafe { qp.post_remote(wr_id, sges, op) },
     };
     match posted {
         Ok(()) => Ok((wr_id, slot)),

@@ -1,0 +1,136 @@
+//! Memory exposed to peers (the unsafe half of `crate::verbs::remote`).
+//!
+//! # Safety
+//!
+//! An [`ExposedMem`] is an anonymous mapping of its own, reached only through raw pointers.
+//! While it is registered with remote access, a peer's device may write any of its bytes at
+//! any time, so no `&[u8]` or `&mut [u8]` over them is ever made: the buffer shows the empty
+//! slice as an [`MrBuffer`] (as a slot pool does), its bytes are read and written only through
+//! `AtomicU8` and `AtomicU64` accesses (sound whoever else writes: an atomic access races
+//! nothing), and the slices of [`revoked_bytes`](ExposedMem::revoked_bytes) are made only once
+//! the registration is gone: `Revoked` holds the buffer only after `ibv_dereg_mr` returned
+//! (`MrCell::into_inner`), and nothing else can register it (it is never handed out).
+
+use std::io;
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+
+use super::mr::{MrBuffer, Sealed};
+
+/// A zeroed anonymous mapping of `len` bytes (whole pages mapped).
+pub(crate) struct ExposedMem {
+    base: NonNull<u8>,
+    len: usize,
+    mapped: usize,
+}
+
+// SAFETY: plain memory, reached only through atomics (or, revoked, through `&self`/`&mut self`
+// borrows of the owner).
+unsafe impl Send for ExposedMem {}
+// SAFETY: `&ExposedMem` reaches the bytes only through atomic accesses.
+unsafe impl Sync for ExposedMem {}
+
+impl ExposedMem {
+    /// Maps `len` (at least 1) zeroed bytes.
+    pub(crate) fn new(len: usize) -> io::Result<Self> {
+        let page = super::slots::page_size();
+        let mapped = len
+            .checked_next_multiple_of(page)
+            .filter(|&n| n > 0 && isize::try_from(n).is_ok())
+            .ok_or_else(|| io::Error::from(io::ErrorKind::InvalidInput))?;
+        let base = super::slots::map_zeroed(mapped)?;
+        Ok(Self { base, len, mapped })
+    }
+
+    pub(crate) fn addr(&self) -> *const u8 {
+        self.base.as_ptr()
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    /// The byte at `i` (< len) as an atomic.
+    fn byte(&self, i: usize) -> &AtomicU8 {
+        debug_assert!(i < self.len);
+        // SAFETY: `i < len`: inside the live mapping, which lives as long as `&self`; a u8 is
+        // always aligned; the byte is only ever accessed atomically while shared (module docs).
+        unsafe { AtomicU8::from_ptr(self.base.as_ptr().wrapping_add(i)) }
+    }
+
+    /// Copies `offset..offset + out.len()` out; `Err` when the range is not inside.
+    pub(crate) fn load(&self, offset: usize, out: &mut [u8]) -> Result<(), ()> {
+        let end = offset.checked_add(out.len()).ok_or(())?;
+        if end > self.len {
+            return Err(());
+        }
+        for (i, o) in out.iter_mut().enumerate() {
+            *o = self.byte(offset + i).load(Ordering::Relaxed);
+        }
+        Ok(())
+    }
+
+    /// Copies `data` in at `offset`; `Err` when the range is not inside.
+    pub(crate) fn store(&self, offset: usize, data: &[u8]) -> Result<(), ()> {
+        let end = offset.checked_add(data.len()).ok_or(())?;
+        if end > self.len {
+            return Err(());
+        }
+        for (i, d) in data.iter().enumerate() {
+            self.byte(offset + i).store(*d, Ordering::Relaxed);
+        }
+        Ok(())
+    }
+
+    /// The aligned 8-byte word at `offset`, inside; `None` otherwise.
+    pub(crate) fn word(&self, offset: usize) -> Option<&AtomicU64> {
+        if !offset.is_multiple_of(8) || offset.checked_add(8)? > self.len {
+            return None;
+        }
+        // Inside the live mapping (checked), 8-byte aligned (the mapping is page aligned and
+        // the offset a multiple of 8), accessed only atomically while shared.
+        let word = self.base.as_ptr().wrapping_add(offset).cast::<u64>();
+        // SAFETY: as above.
+        Some(unsafe { AtomicU64::from_ptr(word) })
+    }
+
+    /// The bytes, once revoked (see the module docs: only `Revoked` calls it).
+    pub(crate) fn revoked_bytes(&self) -> &[u8] {
+        // SAFETY: no registration reaches the mapping any more (the caller holds it only after
+        // `ibv_dereg_mr`), and every other access borrows `self`.
+        unsafe { std::slice::from_raw_parts(self.base.as_ptr(), self.len) }
+    }
+
+    /// As [`revoked_bytes`](Self::revoked_bytes), mutably.
+    pub(crate) fn revoked_bytes_mut(&mut self) -> &mut [u8] {
+        // SAFETY: as above, and `&mut self` is exclusive.
+        unsafe { std::slice::from_raw_parts_mut(self.base.as_ptr(), self.len) }
+    }
+}
+
+impl Drop for ExposedMem {
+    fn drop(&mut self) {
+        // SAFETY: mapped in `new` with this length, unmapped once. The owner drops the buffer
+        // only after its deregistration succeeded (`Mr` leaks it otherwise), so no device can
+        // reach it.
+        unsafe { libc::munmap(self.base.as_ptr().cast(), self.mapped) };
+    }
+}
+
+// SAFETY: the slices are empty (no byte is ever borrowed through them); `registered_bytes` is
+// the whole mapping, at one address for the buffer's life however it is moved.
+unsafe impl MrBuffer for ExposedMem {
+    fn as_slice(&self) -> &[u8] {
+        // SAFETY: an empty slice at a non-null pointer of a live mapping.
+        unsafe { std::slice::from_raw_parts(self.base.as_ptr(), 0) }
+    }
+
+    fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: as above; an empty slice aliases nothing.
+        unsafe { std::slice::from_raw_parts_mut(self.base.as_ptr(), 0) }
+    }
+
+    fn registered_bytes(&mut self, _: Sealed) -> (*mut u8, usize) {
+        (self.base.as_ptr(), self.len)
+    }
+}

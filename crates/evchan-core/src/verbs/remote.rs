@@ -1,0 +1,601 @@
+//! One-sided access: what a peer may do to our memory ([`Access`]), the descriptor that tells
+//! it where ([`RemoteBuf`]), and memory exposed to it ([`Exposed`]).
+//!
+//! # The target side
+//!
+//! Once a peer holds a region's rkey, its device may write the bytes at any moment; a `&[u8]`
+//! or `&mut [u8]` over them would then be undefined behaviour. So an [`Exposed`] region shows
+//! no slice. While exposed, its bytes are reached only through atomic accesses, which stay
+//! defined whoever else writes: [`Exposed::read_at`] and [`Exposed::write_at`] copy out and
+//! in byte by byte (relaxed), and [`Exposed::atomic_u64`] lends an `AtomicU64` for a word the
+//! peer's atomics use. What they see of a write in progress may be torn (part old, part new
+//! bytes); nothing more.
+//!
+//! The bytes are ours again only after a revocation that cannot race an access in flight:
+//! [`Exposed::revoke`] deregisters the region (`ibv_dereg_mr`) and only when that returned
+//! gives the memory back as a [`Revoked`] buffer, a plain `[u8]`. The verbs specification
+//! (IBA 11.2.8.1, Deregister Memory Region) says a deregistered region can no longer be
+//! accessed; rdma_rxe's `rxe_dereg_mr` marks the region invalid and waits until the requests
+//! that reference it have let it go. A peer's later use of the rkey fails at the peer with a
+//! remote access error, and never reaches our memory.
+//!
+//! # The initiator side
+//!
+//! [`RemoteBuf`] names a peer's range and what it may do there (its type). The posts
+//! ([`QpHandle::post_write_slot`](super::QpHandle::post_write_slot),
+//! [`post_read_slot`](super::QpHandle::post_read_slot),
+//! [`post_fetch_add_slot`](super::QpHandle::post_fetch_add_slot),
+//! [`post_compare_swap_slot`](super::QpHandle::post_compare_swap_slot)) take the local bytes
+//! as a [`Slot`](super::Slot), which belongs to the work request until its completion (the
+//! same discipline as a send), check the range against the descriptor before posting (a typed
+//! [`RemoteError`], nothing posted), and need the access in the descriptor's type:
+//!
+//! ```compile_fail
+//! # use evchan_core::verbs::{QpHandle, Mr, SlotPool, Slot, RemoteBuf, RemoteRead};
+//! # fn f(qp: &QpHandle, mr: &Mr<'_, SlotPool>, slot: Slot, buf: &RemoteBuf<RemoteRead>) {
+//! let _ = qp.post_write_slot(mr, slot, buf, 0, None); // a read-only descriptor
+//! # }
+//! ```
+
+use std::fmt;
+use std::marker::PhantomData;
+use std::sync::atomic::AtomicU64;
+
+use crate::ffi::owned::MrCell;
+use crate::ffi::verbs::exposed::ExposedMem;
+
+use super::{Error, OwnedPd, Result};
+
+mod sealed {
+    pub trait Sealed {}
+}
+
+/// What a peer may do to exposed memory: [`RemoteRead`], [`RemoteWrite`],
+/// [`RemoteReadWrite`] or [`RemoteAtomic`] (sealed).
+pub trait Access: sealed::Sealed + Send + Sync + 'static {
+    /// The `ibv_access_flags` of the registration (with `IBV_ACCESS_LOCAL_WRITE`, which remote
+    /// write and atomic access need).
+    #[doc(hidden)]
+    const FLAGS: u32;
+    /// The access bits of the wire form: 1 read, 2 write, 4 atomic.
+    const WIRE: u8;
+}
+
+/// An access that lets the peer RDMA READ.
+pub trait AllowsRead: Access {}
+/// An access that lets the peer RDMA WRITE.
+pub trait AllowsWrite: Access {}
+/// An access that lets the peer run 8-byte atomics.
+pub trait AllowsAtomic: Access {}
+
+const LOCAL_WRITE: u32 = 1;
+const REMOTE_WRITE: u32 = 2;
+const REMOTE_READ: u32 = 4;
+const REMOTE_ATOMIC: u32 = 8;
+
+macro_rules! access {
+    ($(#[$doc:meta])* $name:ident, $flags:expr, $wire:expr, [$($allows:ident),*]) => {
+        $(#[$doc])*
+        #[derive(Debug)]
+        pub enum $name {}
+        impl sealed::Sealed for $name {}
+        impl Access for $name {
+            const FLAGS: u32 = $flags;
+            const WIRE: u8 = $wire;
+        }
+        $(impl $allows for $name {})*
+    };
+}
+
+access!(
+    /// The peer may read (`IBV_ACCESS_REMOTE_READ`).
+    RemoteRead, LOCAL_WRITE | REMOTE_READ, 1, [AllowsRead]
+);
+access!(
+    /// The peer may write (`IBV_ACCESS_REMOTE_WRITE`).
+    RemoteWrite, LOCAL_WRITE | REMOTE_WRITE, 2, [AllowsWrite]
+);
+access!(
+    /// The peer may read and write.
+    RemoteReadWrite, LOCAL_WRITE | REMOTE_READ | REMOTE_WRITE, 3, [AllowsRead, AllowsWrite]
+);
+access!(
+    /// The peer may run 8-byte atomics (`IBV_ACCESS_REMOTE_ATOMIC`) on aligned words.
+    RemoteAtomic, LOCAL_WRITE | REMOTE_ATOMIC, 4, [AllowsAtomic]
+);
+
+/// A peer's exposed range: its address, length and rkey, and in its type what we may do
+/// there.
+///
+/// # Wire form
+///
+/// [`WIRE_LEN`](Self::WIRE_LEN) = 20 bytes, integers big-endian:
+///
+/// | bytes | field |
+/// |---|---|
+/// | 0–1 | `b"RB"` |
+/// | 2 | version, 1 |
+/// | 3 | access bits: 1 read, 2 write, 4 atomic (the others 0) |
+/// | 4–11 | address |
+/// | 12–15 | length |
+/// | 16–19 | rkey |
+///
+/// [`from_bytes`](Self::from_bytes) takes untrusted bytes and checks what it can: the form,
+/// that the access bits grant at least `A`'s, a length above 0, and a range that does not
+/// wrap. A descriptor that lies (a wrong address or rkey) makes our operations fail at our
+/// side with a remote access error; it cannot make them touch our own memory, which the posts
+/// reach only through their local slot.
+pub struct RemoteBuf<A: Access> {
+    addr: u64,
+    len: u32,
+    rkey: u32,
+    access: u8,
+    _access: PhantomData<fn() -> A>,
+}
+
+impl<A: Access> Clone for RemoteBuf<A> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<A: Access> Copy for RemoteBuf<A> {}
+
+impl<A: Access> PartialEq for RemoteBuf<A> {
+    fn eq(&self, other: &Self) -> bool {
+        (self.addr, self.len, self.rkey, self.access)
+            == (other.addr, other.len, other.rkey, other.access)
+    }
+}
+
+impl<A: Access> Eq for RemoteBuf<A> {}
+
+impl<A: Access> fmt::Debug for RemoteBuf<A> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RemoteBuf")
+            .field("addr", &format_args!("{:#x}", self.addr))
+            .field("len", &self.len)
+            .field("rkey", &format_args!("{:#x}", self.rkey))
+            .field("access", &self.access)
+            .finish()
+    }
+}
+
+/// Why bytes are not a [`RemoteBuf`], or a range is not inside one.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum RemoteError {
+    /// Not [`RemoteBuf::WIRE_LEN`] bytes.
+    #[error("a remote buffer descriptor is {expected} bytes, not {got}")]
+    Length {
+        /// The bytes given.
+        got: usize,
+        /// [`RemoteBuf::WIRE_LEN`].
+        expected: usize,
+    },
+    /// Not a descriptor (its first bytes are not `RB`), or of a version this crate does not
+    /// know.
+    #[error("not a remote buffer descriptor (or an unknown version)")]
+    Form,
+    /// The descriptor grants less than the type asks, or has unknown access bits.
+    #[error("the descriptor grants access {granted:#x}, not {needed:#x}")]
+    Access {
+        /// Its access bits.
+        granted: u8,
+        /// What the type needs.
+        needed: u8,
+    },
+    /// A length of 0.
+    #[error("an empty remote buffer")]
+    Empty,
+    /// The range wraps around the address space.
+    #[error("the remote range wraps around the address space")]
+    Wraps,
+    /// A range (`offset`, `len`) that is not inside the descriptor's `remote_len` bytes.
+    #[error("bytes {offset}..{offset}+{len} are outside the remote buffer's {remote_len}")]
+    OutOfBounds {
+        /// The offset asked.
+        offset: u64,
+        /// The length asked.
+        len: u64,
+        /// The descriptor's length.
+        remote_len: u32,
+    },
+    /// The local slot holds fewer bytes than the operation moves.
+    #[error("the local slot has {capacity} bytes, the operation moves {need}")]
+    LocalTooSmall {
+        /// The bytes the operation moves.
+        need: usize,
+        /// The slot's capacity.
+        capacity: usize,
+    },
+    /// An atomic at an address that is not 8-byte aligned.
+    #[error("a remote atomic needs an 8-byte aligned address, not {addr:#x}")]
+    Misaligned {
+        /// The address.
+        addr: u64,
+    },
+}
+
+impl<A: Access> RemoteBuf<A> {
+    /// The length of the wire form.
+    pub const WIRE_LEN: usize = 20;
+
+    pub(crate) fn new(addr: u64, len: u32, rkey: u32) -> Self {
+        Self {
+            addr,
+            len,
+            rkey,
+            access: A::WIRE,
+            _access: PhantomData,
+        }
+    }
+
+    /// The peer's address of the first byte.
+    #[must_use]
+    pub fn addr(&self) -> u64 {
+        self.addr
+    }
+
+    /// The length in bytes.
+    #[must_use]
+    pub fn len(&self) -> u32 {
+        self.len
+    }
+
+    /// Whether the length is 0 (never, for a descriptor this crate made or decoded).
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The remote key.
+    #[must_use]
+    pub fn rkey(&self) -> u32 {
+        self.rkey
+    }
+
+    /// The wire form (see the type's docs).
+    #[must_use]
+    pub fn to_bytes(&self) -> [u8; 20] {
+        let mut b = [0u8; 20];
+        b[..2].copy_from_slice(b"RB");
+        b[2] = 1;
+        b[3] = self.access;
+        b[4..12].copy_from_slice(&self.addr.to_be_bytes());
+        b[12..16].copy_from_slice(&self.len.to_be_bytes());
+        b[16..20].copy_from_slice(&self.rkey.to_be_bytes());
+        b
+    }
+
+    /// A descriptor from its wire form, from untrusted bytes: see the type's docs for what is
+    /// checked. A descriptor that grants more than `A` is taken as `A` (read-write as read).
+    ///
+    /// # Errors
+    /// [`RemoteError::Length`], [`Form`](RemoteError::Form),
+    /// [`Access`](RemoteError::Access), [`Empty`](RemoteError::Empty),
+    /// [`Wraps`](RemoteError::Wraps).
+    pub fn from_bytes(bytes: &[u8]) -> std::result::Result<Self, RemoteError> {
+        let b: &[u8; 20] = bytes.try_into().map_err(|_| RemoteError::Length {
+            got: bytes.len(),
+            expected: Self::WIRE_LEN,
+        })?;
+        if &b[..2] != b"RB" || b[2] != 1 {
+            return Err(RemoteError::Form);
+        }
+        let access = b[3];
+        if access & !7 != 0 || access & A::WIRE != A::WIRE {
+            return Err(RemoteError::Access {
+                granted: access,
+                needed: A::WIRE,
+            });
+        }
+        let addr = u64::from_be_bytes(b[4..12].try_into().expect("8 bytes"));
+        let len = u32::from_be_bytes(b[12..16].try_into().expect("4 bytes"));
+        let rkey = u32::from_be_bytes(b[16..20].try_into().expect("4 bytes"));
+        if len == 0 {
+            return Err(RemoteError::Empty);
+        }
+        if addr.checked_add(u64::from(len)).is_none() {
+            return Err(RemoteError::Wraps);
+        }
+        Ok(Self {
+            addr,
+            len,
+            rkey,
+            access: A::WIRE,
+            _access: PhantomData,
+        })
+    }
+
+    /// The sub-range `offset..offset + len` (to hand a peer part of a grant).
+    ///
+    /// # Errors
+    /// [`RemoteError::OutOfBounds`], [`RemoteError::Empty`] for a length of 0.
+    pub fn slice(&self, offset: u64, len: u32) -> std::result::Result<Self, RemoteError> {
+        if len == 0 {
+            return Err(RemoteError::Empty);
+        }
+        let addr = self.range(offset, u64::from(len))?;
+        Ok(Self { addr, len, ..*self })
+    }
+
+    /// The peer's address of `offset`, once `offset..offset + len` is inside the buffer.
+    pub(crate) fn range(&self, offset: u64, len: u64) -> std::result::Result<u64, RemoteError> {
+        let end = offset.checked_add(len);
+        if end.is_none_or(|e| e > u64::from(self.len)) {
+            return Err(RemoteError::OutOfBounds {
+                offset,
+                len,
+                remote_len: self.len,
+            });
+        }
+        // Inside a range that does not wrap (checked when made).
+        Ok(self.addr + offset)
+    }
+
+    /// The address of the aligned 8-byte word at `offset`.
+    pub(crate) fn word(&self, offset: u64) -> std::result::Result<u64, RemoteError> {
+        let addr = self.range(offset, 8)?;
+        if addr % 8 != 0 {
+            return Err(RemoteError::Misaligned { addr });
+        }
+        Ok(addr)
+    }
+}
+
+/// Memory exposed to peers with access `A`: a zeroed mapping of its own, registered with that
+/// access on an [`OwnedPd`]. See the [module docs](self) for what holds while it is exposed.
+///
+/// Dropping it deregisters the region, then unmaps the memory (if `ibv_dereg_mr` fails, the
+/// memory is leaked instead: the registration may still be in force).
+/// [`mem::forget`](std::mem::forget) leaks the registration and the memory, which are then
+/// never reused: the peer may go on using its rkey, on memory nothing else will ever hold.
+///
+/// ```compile_fail
+/// # fn f(e: &evchan_core::verbs::Exposed<evchan_core::verbs::RemoteWrite>) {
+/// let bytes: &[u8] = &e[..]; // no slice of exposed bytes
+/// # }
+/// ```
+pub struct Exposed<A: Access> {
+    cell: MrCell<ExposedMem>,
+    _access: PhantomData<fn() -> A>,
+}
+
+impl<A: Access> Exposed<A> {
+    /// Maps `len` zeroed bytes (whole pages) and registers them on `pd` with access `A`.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for 0 or more than `u32::MAX` bytes; [`Error::Io`] with the
+    /// `mmap` or `ibv_reg_mr` error (`ENOMEM` past `ulimit -l`; `EINVAL` where the device
+    /// does not support the access, e.g. atomics).
+    pub fn new(pd: &OwnedPd, len: usize) -> Result<Self> {
+        if len == 0 || u32::try_from(len).is_err() {
+            return Err(Error::InvalidArgument(
+                "an exposed region has 1..=u32::MAX bytes",
+            ));
+        }
+        let mem = ExposedMem::new(len).map_err(Error::io("mmap"))?;
+        let cell = MrCell::with_access(std::sync::Arc::clone(pd.cell()), mem, A::FLAGS)
+            .map_err(|(e, _)| e)?;
+        Ok(Self {
+            cell,
+            _access: PhantomData,
+        })
+    }
+
+    /// The descriptor of the whole region, to hand to the peer (in a message, or the private
+    /// data of a connect or accept: 20 bytes in its wire form).
+    #[must_use]
+    pub fn descriptor(&self) -> RemoteBuf<A> {
+        let mem = self.cell.mr().buffer();
+        RemoteBuf::new(
+            mem.addr() as u64,
+            u32::try_from(mem.len()).expect("checked by new"),
+            self.cell.mr().rkey(),
+        )
+    }
+
+    /// The length in bytes.
+    #[must_use]
+    pub fn len(&self) -> usize {
+        self.cell.mr().buffer().len()
+    }
+
+    /// Whether the length is 0 (never).
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Copies bytes `offset..offset + out.len()` out, by relaxed atomic loads (a write of the
+    /// peer's in progress may be seen in part).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] when the range is not inside the region.
+    pub fn read_at(&self, offset: usize, out: &mut [u8]) -> Result<()> {
+        self.cell
+            .mr()
+            .buffer()
+            .load(offset, out)
+            .map_err(|()| Error::InvalidArgument("range outside the exposed region"))
+    }
+
+    /// Copies `data` in at `offset`, by relaxed atomic stores (a peer reading meanwhile may
+    /// see it in part).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] when the range is not inside the region.
+    pub fn write_at(&self, offset: usize, data: &[u8]) -> Result<()> {
+        self.cell
+            .mr()
+            .buffer()
+            .store(offset, data)
+            .map_err(|()| Error::InvalidArgument("range outside the exposed region"))
+    }
+
+    /// The 8-byte word at `offset` (a multiple of 8) as an `AtomicU64`: for the words the
+    /// peer's atomics use. Whether the device's atomics are atomic with the CPU's depends on
+    /// the device (`IBV_ATOMIC_GLOB`); with `IBV_ATOMIC_HCA` (rdma_rxe, which applies them
+    /// under a lock of its own with a single 8-byte store) a load sees the old or the new
+    /// value, and a CPU read-modify-write may race the peer's.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] when the word is not inside the region or not aligned.
+    pub fn atomic_u64(&self, offset: usize) -> Result<&AtomicU64> {
+        self.cell
+            .mr()
+            .buffer()
+            .word(offset)
+            .ok_or(Error::InvalidArgument(
+                "an atomic word is 8-byte aligned and inside the exposed region",
+            ))
+    }
+
+    /// Revokes every peer's access (`ibv_dereg_mr`) and gives the memory back, once nothing
+    /// can reach it (see the [module docs](self)).
+    ///
+    /// # Errors
+    /// [`Error::Io`] with the `ibv_dereg_mr` error; the memory is then leaked (the
+    /// registration may still be in force).
+    pub fn revoke(self) -> Result<Revoked> {
+        self.cell.into_inner().map(Revoked)
+    }
+}
+
+impl<A: Access> fmt::Debug for Exposed<A> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Exposed")
+            .field("descriptor", &self.descriptor())
+            .finish()
+    }
+}
+
+/// Memory whose exposure was revoked ([`Exposed::revoke`]): no device can reach it any more,
+/// so it is plain bytes again.
+pub struct Revoked(ExposedMem);
+
+impl std::ops::Deref for Revoked {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        self.0.revoked_bytes()
+    }
+}
+
+impl std::ops::DerefMut for Revoked {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        self.0.revoked_bytes_mut()
+    }
+}
+
+impl fmt::Debug for Revoked {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Revoked").field("len", &self.len()).finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn wire_form_round_trips_and_downgrades() {
+        let d = RemoteBuf::<RemoteReadWrite>::new(0x1000, 4096, 0xabcd);
+        let b = d.to_bytes();
+        assert_eq!(&b[..4], b"RB\x01\x03");
+        assert_eq!(RemoteBuf::<RemoteReadWrite>::from_bytes(&b), Ok(d));
+        let r = RemoteBuf::<RemoteRead>::from_bytes(&b).unwrap();
+        assert_eq!((r.addr(), r.len(), r.rkey()), (0x1000, 4096, 0xabcd));
+        assert!(matches!(
+            RemoteBuf::<RemoteAtomic>::from_bytes(&b),
+            Err(RemoteError::Access {
+                granted: 3,
+                needed: 4
+            })
+        ));
+    }
+
+    #[test]
+    fn bad_descriptors_are_typed_errors() {
+        let good = RemoteBuf::<RemoteWrite>::new(8, 8, 1).to_bytes();
+        assert!(matches!(
+            RemoteBuf::<RemoteWrite>::from_bytes(&good[..19]),
+            Err(RemoteError::Length { got: 19, .. })
+        ));
+        let mut b = good;
+        b[0] = b'X';
+        assert_eq!(
+            RemoteBuf::<RemoteWrite>::from_bytes(&b),
+            Err(RemoteError::Form)
+        );
+        let mut b = good;
+        b[2] = 2;
+        assert_eq!(
+            RemoteBuf::<RemoteWrite>::from_bytes(&b),
+            Err(RemoteError::Form)
+        );
+        let mut b = good;
+        b[3] = 0x12;
+        assert!(matches!(
+            RemoteBuf::<RemoteWrite>::from_bytes(&b),
+            Err(RemoteError::Access { .. })
+        ));
+        let mut b = good;
+        b[12..16].copy_from_slice(&0u32.to_be_bytes());
+        assert_eq!(
+            RemoteBuf::<RemoteWrite>::from_bytes(&b),
+            Err(RemoteError::Empty)
+        );
+        let mut b = good;
+        b[4..12].copy_from_slice(&(u64::MAX - 3).to_be_bytes());
+        assert_eq!(
+            RemoteBuf::<RemoteWrite>::from_bytes(&b),
+            Err(RemoteError::Wraps)
+        );
+    }
+
+    #[test]
+    fn ranges_are_checked_against_the_descriptor() {
+        let d = RemoteBuf::<RemoteAtomic>::new(0x1000, 64, 7);
+        assert_eq!(d.range(0, 64), Ok(0x1000));
+        assert_eq!(d.range(60, 4), Ok(0x103c));
+        assert!(d.range(60, 5).is_err());
+        assert!(d.range(u64::MAX, 2).is_err());
+        assert_eq!(d.word(8), Ok(0x1008));
+        assert!(matches!(d.word(4), Err(RemoteError::Misaligned { .. })));
+        assert!(d.word(64).is_err());
+        let s = d.slice(16, 16).unwrap();
+        assert_eq!((s.addr(), s.len(), s.rkey()), (0x1010, 16, 7));
+        assert!(d.slice(56, 16).is_err());
+        assert!(d.slice(0, 0).is_err());
+    }
+
+    proptest::proptest! {
+        /// No decoded descriptor, sliced and ranged any way, names a byte outside the range
+        /// its wire form gave; decoding never panics.
+        #[test]
+        fn nothing_decoded_reaches_outside_its_range(
+            bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..24),
+            addr: u64, len: u32, ops in proptest::collection::vec((0u64..1 << 33, 0u64..1 << 33), 0..8),
+        ) {
+            let _ = RemoteBuf::<RemoteRead>::from_bytes(&bytes);
+            let mut wire = RemoteBuf::<RemoteReadWrite>::new(addr, len, 1).to_bytes();
+            if let Ok(d) = RemoteBuf::<RemoteReadWrite>::from_bytes(&wire) {
+                let (lo, hi) = (d.addr(), d.addr() + u64::from(d.len()));
+                let mut cur = d;
+                for (off, n) in ops {
+                    if let Ok(a) = cur.range(off, n) {
+                        proptest::prop_assert!(a >= lo && a + n <= hi);
+                    }
+                    if let Ok(s) = cur.slice(off, u32::try_from(n).unwrap_or(u32::MAX)) {
+                        proptest::prop_assert!(s.addr() >= lo && s.addr() + u64::from(s.len()) <= hi);
+                        cur = s;
+                    }
+                }
+            }
+            wire[3] = 1;
+            let _ = RemoteBuf::<RemoteWrite>::from_bytes(&wire);
+        }
+    }
+}
