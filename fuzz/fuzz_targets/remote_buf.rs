@@ -1,9 +1,10 @@
 //! A peer's remote buffer descriptor (`evchan_core::verbs::RemoteBuf::from_bytes`), the
-//! untrusted input of one-sided access, and the sub-ranges and posts' range checks made from it.
+//! untrusted input of one-sided access, and the sub-ranges (`slice`) made from it; the posts'
+//! range checks (crate-private) are property-tested in `verbs::remote`.
 //!
 //! Checked: decoding never panics; a decoded descriptor is not empty and does not wrap; its
-//! wire form round-trips; no slice or range check made from it, in any sequence, names a byte
-//! outside the range its bytes gave.
+//! wire form round-trips; no slice made from it, in any sequence, names a byte outside the
+//! range its bytes gave.
 //!
 //! Run: `cargo xtask fuzz remote_buf`.
 #![no_main]

@@ -4,13 +4,17 @@
 //! What each test attacks, with safe code only:
 //! - the operations land where the descriptor says, and the target sees them through its
 //!   atomic accessors only;
-//! - a range outside the descriptor, a misaligned atomic word, a slot too small: refused
-//!   before anything is posted, the slot back;
+//! - a range outside the descriptor, a misaligned atomic word, a READ longer than the slot,
+//!   an empty READ or WRITE: refused before anything is posted, the slot back;
 //! - a descriptor that lies (a range past the exposed bytes, with the right rkey): the
-//!   operation fails at the initiator with a remote access error, the target's memory is
-//!   untouched, and the initiator's QP is in the error state (later requests flush);
+//!   operation fails at the initiator with a remote access error, the exposed bytes are
+//!   untouched, and the connection is over (a later request fails);
 //! - a revoked region: the peer's old rkey gets a remote access error, and the memory given
 //!   back holds what was written before the revocation.
+//!
+//! The target's bytes are read right after the initiator's completion: rdma_rxe places a
+//! WRITE's data before it acknowledges it (the verbs do not promise that order to the target's
+//! CPU in general).
 //!
 //! Run in the soft-RoCE VM (`cargo xtask test`); skipped natively without a device, failed
 //! without one when `EVCHAN_REQUIRE_DEVICE=1`.
@@ -21,7 +25,7 @@ mod support;
 use std::sync::{Mutex, PoisonError};
 
 use evchan_core::verbs::{
-    atomic_result, Error as VerbsError, Exposed, RemoteAtomic, RemoteBuf, RemoteError,
+    atomic_result, Error as VerbsError, Exposed, RemoteAtomic, RemoteBuf, RemoteError, RemoteRead,
     RemoteReadWrite, RemoteWrite, Slot, WcStatus, WorkCompletion,
 };
 use evchan_core::EventChannel;
@@ -121,7 +125,8 @@ fn bad_ranges_are_refused_before_posting() {
     let (_server, s, _rx, _client, mut c) = owned_pair(&sch, &cch, 2);
     let buf = Exposed::<RemoteWrite>::new(&s.pd, 100).unwrap();
     let words = Exposed::<RemoteAtomic>::new(&s.pd, 16).unwrap();
-    let (w, at) = (buf.descriptor(), words.descriptor());
+    let readable = Exposed::<RemoteRead>::new(&s.pd, 100).unwrap();
+    let (w, at, w_read) = (buf.descriptor(), words.descriptor(), readable.descriptor());
     let refused = |e: evchan_core::verbs::SlotPostError| match e.error {
         VerbsError::Remote(r) => (r, e.slot),
         other => panic!("expected a remote range error, got {other}"),
@@ -155,6 +160,30 @@ fn bad_ranges_are_refused_before_posting() {
             .unwrap_err(),
     );
     assert!(matches!(why, RemoteError::OutOfBounds { .. }), "{why:?}");
+    // A READ longer than the slot (64 bytes), and an empty one.
+    let (why, slot) = refused(
+        c.qp.post_read_slot(c.mr.mr(), slot, &w_read, 0, 65)
+            .unwrap_err(),
+    );
+    assert_eq!(
+        why,
+        RemoteError::LocalTooSmall {
+            need: 65,
+            capacity: 64
+        }
+    );
+    let (why, mut slot) = refused(
+        c.qp.post_read_slot(c.mr.mr(), slot, &w_read, 0, 0)
+            .unwrap_err(),
+    );
+    assert_eq!(why, RemoteError::Empty);
+    // An empty WRITE without immediate data (it would skip the key check).
+    slot.set_len(0).unwrap();
+    let (why, slot) = refused(
+        c.qp.post_write_slot(c.mr.mr(), slot, &w, 0, None)
+            .unwrap_err(),
+    );
+    assert_eq!(why, RemoteError::Empty);
     c.slots.push(slot);
     // Nothing was posted: the CQ is empty, and the connection still works.
     let mut wcs = Vec::new();
@@ -190,10 +219,19 @@ fn a_lying_descriptor_fails_at_the_initiator_and_touches_nothing() {
         all.iter().all(|&b| b == 0),
         "the exposed bytes are untouched"
     );
-    // The initiator's QP is in the error state: the next request flushes.
+    // The connection is over: the initiator's QP goes to the error state, so the next request
+    // fails (flushed, or, posted before the QP's state changed, unanswered by the peer's QP
+    // in error); it never lands.
     let slot = slot_with(&mut c, b"x");
     let (wc, _slot) = run(&c, |c| c.qp.post_write_slot(c.mr.mr(), slot, &d, 0, None));
-    assert_eq!(wc.status(), WcStatus::WrFlush, "a request after the error");
+    assert!(
+        matches!(wc.status(), WcStatus::WrFlush | WcStatus::RetryExceeded),
+        "a request after the error: {:?}",
+        wc.status()
+    );
+    let mut first = [0u8; 1];
+    buf.read_at(0, &mut first).unwrap();
+    assert_eq!(first, [0], "the request after the error did not land");
 }
 
 #[test]

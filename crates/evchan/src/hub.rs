@@ -24,7 +24,6 @@
 //! with the current runtime ([`Hub::watch`]), arm the CQ, poll it once more, sleep. A completion
 //! after the arm raises an event, which the drainer routes to the line: no wake-up is lost.
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::task::{Context, Poll, Wake, Waker};
@@ -38,7 +37,7 @@ use crate::wait::Waiters;
 pub(crate) struct Hub {
     channel: OwnedCompChannel,
     /// Each CQ on the channel with a connection: the waker of that connection's waiters.
-    routes: Mutex<HashMap<CqId, Waker>>,
+    routes: Mutex<crate::runtime::IntMap<CqId, Waker>>,
     /// The channel registered with each runtime whose tasks waited (usually one or two).
     registrations: Mutex<Vec<Registration>>,
 }
@@ -63,10 +62,11 @@ impl Watch {
 
     /// Finishes a drain the drainer left to the next wait (see [`Drainer::wake_by_ref`]):
     /// reads the events left, clears the readiness and registers the drainer again; the
-    /// wakers of the connections those events name go into `found`.
-    pub(crate) fn resume(&self, found: &mut Vec<Waker>) {
+    /// wakers of the connections those events name go into `found`, but for the waiting
+    /// connection's own CQ (`own`), which its wait polls next anyway.
+    pub(crate) fn resume(&self, own: CqId, found: &mut Vec<Waker>) {
         if self.0.pending.swap(false, Ordering::AcqRel) {
-            self.0.drain(found);
+            self.0.drain(found, Some(own));
         }
     }
 }
@@ -84,7 +84,7 @@ impl Hub {
     pub(crate) fn new(channel: OwnedCompChannel) -> Arc<Self> {
         Arc::new(Hub {
             channel,
-            routes: Mutex::new(HashMap::new()),
+            routes: Mutex::new(crate::runtime::IntMap::default()),
             registrations: Mutex::new(Vec::new()),
         })
     }
@@ -142,15 +142,16 @@ impl Hub {
         drop(regs);
         // Reads what is there already and leaves the drainer registered for what comes.
         let mut found = Vec::new();
-        drainer.drain(&mut found);
+        drainer.drain(&mut found, None);
         Ok((Watch(drainer), found))
     }
 
     /// Reads every event until `EAGAIN`, acks it, and puts the waker of its CQ's connection
-    /// in `found`.
-    fn read_events(&self, found: &mut Vec<Waker>) {
+    /// in `found` (but for `skip`'s).
+    fn read_events(&self, found: &mut Vec<Waker>, skip: Option<CqId>) {
         loop {
             match self.channel.channel().try_next_cq() {
+                Ok(Some(cq)) if Some(cq) == skip => {}
                 Ok(Some(cq)) => {
                     // A CQ without a route: its connection is gone (CQ ids are not reused).
                     if let Some(w) = lock(&self.routes).get(&cq) {
@@ -189,6 +190,11 @@ impl Route {
     pub(crate) fn waiters(&self) -> &Arc<Waiters> {
         &self.waiters
     }
+
+    /// The CQ's id.
+    pub(crate) fn cq(&self) -> CqId {
+        self.cq
+    }
 }
 
 impl Drop for Route {
@@ -217,7 +223,7 @@ impl Drainer {
     /// Until the readiness is pending with this drainer's waker registered: read every event
     /// (the wakers of the connections they name into `found`), then clear the readiness seen
     /// before the read.
-    fn drain(self: &Arc<Self>, found: &mut Vec<Waker>) {
+    fn drain(self: &Arc<Self>, found: &mut Vec<Waker>, skip: Option<CqId>) {
         let (Some(hub), Some(waiter)) = (self.hub.upgrade(), self.waiter.upgrade()) else {
             return;
         };
@@ -246,7 +252,7 @@ impl Drainer {
                     return;
                 }
                 Poll::Ready(Ok(mut guard)) => {
-                    hub.read_events(found);
+                    hub.read_events(found, skip);
                     guard.clear_ready();
                 }
             }
@@ -286,7 +292,7 @@ impl Wake for Drainer {
             return;
         }
         let mut found = Vec::new();
-        self.drain(&mut found);
+        self.drain(&mut found, None);
         for w in found {
             w.wake();
         }

@@ -1055,7 +1055,7 @@ impl Path {
                 self.watched = Some((runtime, w));
             }
             let (_, w) = self.watched.as_ref().expect("set above");
-            w.resume(&mut found);
+            w.resume(objects.route.cq(), &mut found);
             let dead = w.is_dead();
             // Woken once the lock goes (a waker may take it).
             for w in found {

@@ -7,7 +7,8 @@ use crate::ffi::verbs as ffi;
 
 use super::{Error, MrBuffer, Pd, Result, Sge};
 
-/// `IBV_ACCESS_LOCAL_WRITE`: the only right the safe layer grants (receives write locally).
+/// `IBV_ACCESS_LOCAL_WRITE`: the only right `Mr::new` grants (receives write locally); remote
+/// rights are [`Exposed`](super::Exposed)'s alone.
 const LOCAL_WRITE: u32 = 1;
 
 /// A registered memory region (`ibv_reg_mr` / `ibv_dereg_mr`) that owns or exclusively borrows

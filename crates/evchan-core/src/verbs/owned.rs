@@ -398,8 +398,9 @@ impl QpHandle {
     /// slot stays with the returned [`PostedSlot`] until the completion.
     ///
     /// # Errors
-    /// [`SlotPostError`], with the slot: [`Error::Remote`] when the range is not inside `to`
-    /// (nothing posted), else as [`post_send_slot`](Self::post_send_slot).
+    /// [`SlotPostError`], with the slot: [`Error::Remote`] when the range is not inside `to`,
+    /// or the slot is empty and `imm` is `None` (nothing posted), else as
+    /// [`post_send_slot`](Self::post_send_slot).
     #[doc(alias = "IBV_WR_RDMA_WRITE")]
     pub fn post_write_slot<A: AllowsWrite>(
         &self,
@@ -411,14 +412,25 @@ impl QpHandle {
     ) -> std::result::Result<PostedSlot, SlotPostError> {
         let len = slot.len();
         let rkey = to.rkey();
-        let addr = to.range(offset, len as u64);
+        // An empty WRITE would skip the responder's key check: only with immediate data.
+        let addr = if len == 0 && imm.is_none() {
+            Err(RemoteError::Empty)
+        } else {
+            to.range(offset, len as u64)
+        };
         self.remote(mr, slot, len, addr, |addr| {
             crate::ffi::verbs::RemoteOp::Write { addr, rkey, imm }
         })
     }
 
-    /// RDMA READ of `len` bytes at `offset` of the peer's `from` into `slot`, whose bytes
-    /// are back (its [`len`](Slot::len) set) only with the completion.
+    /// RDMA READ of `len` (at least 1) bytes at `offset` of the peer's `from` into `slot`,
+    /// whose bytes are back (its [`len`](Slot::len) set) only with the completion.
+    ///
+    /// READ and the atomics need the connection to allow them: an initiator depth of at least
+    /// 1 on this side and responder resources of at least 1 on the peer's (rdma_cm's
+    /// `ConnParam` defaults, 1 and 1; rdma_cm's CM then grants the peer's QP remote read and
+    /// atomic access). With an initiator depth of 0, rdma_rxe holds the request and it never
+    /// completes.
     ///
     /// # Errors
     /// [`SlotPostError`], with the slot: [`Error::Remote`] when the range is not inside `from`
@@ -434,7 +446,11 @@ impl QpHandle {
         len: usize,
     ) -> std::result::Result<PostedSlot, SlotPostError> {
         let rkey = from.rkey();
-        let addr = from.range(offset, len as u64);
+        let addr = if len == 0 {
+            Err(RemoteError::Empty)
+        } else {
+            from.range(offset, len as u64)
+        };
         self.remote(mr, slot, len, addr, |addr| {
             crate::ffi::verbs::RemoteOp::Read { addr, rkey }
         })
@@ -491,9 +507,11 @@ impl QpHandle {
     }
 }
 
-/// The previous value an atomic's completed slot holds: its first 8 bytes in the host's byte
-/// order, as the verbs return it (rdma_rxe converts the wire's big-endian value,
-/// `atmack_orig`); `None` for a slot under 8 bytes long.
+/// The previous value an atomic's completed slot holds: its first 8 bytes read in the host's
+/// byte order; `None` for a slot under 8 bytes long. The byte order the device writes is the
+/// provider's: rdma_rxe writes the host's (it converts the wire's big-endian value,
+/// `atmack_orig`); some adapters are reported to write big-endian on little-endian hosts, where
+/// the value must be byte-swapped.
 #[must_use]
 pub fn atomic_result(slot: &Slot) -> Option<u64> {
     let b: [u8; 8] = slot.as_slice().get(..8)?.try_into().ok()?;

@@ -5,19 +5,26 @@
 //!
 //! Once a peer holds a region's rkey, its device may write the bytes at any moment; a `&[u8]`
 //! or `&mut [u8]` over them would then be undefined behaviour. So an [`Exposed`] region shows
-//! no slice. While exposed, its bytes are reached only through atomic accesses, which stay
-//! defined whoever else writes: [`Exposed::read_at`] and [`Exposed::write_at`] copy out and
-//! in byte by byte (relaxed), and [`Exposed::atomic_u64`] lends an `AtomicU64` for a word the
-//! peer's atomics use. What they see of a write in progress may be torn (part old, part new
-//! bytes); nothing more.
+//! no slice. While exposed, its bytes are reached only through `AtomicU64` accesses of their
+//! aligned words, one size for every access (atomics of different sizes racing on the same
+//! bytes are undefined in Rust's model): [`Exposed::read_at`] copies out of word loads,
+//! [`Exposed::write_at`] copies in with word stores and, for a word it fills in part, a
+//! compare-and-swap loop (the peer's bytes beside it are kept), and [`Exposed::atomic_u64`]
+//! lends the `AtomicU64` of a word the peer's atomics use. What they see of a peer's write in
+//! progress may be torn (part old, part new bytes).
 //!
-//! The bytes are ours again only after a revocation that cannot race an access in flight:
-//! [`Exposed::revoke`] deregisters the region (`ibv_dereg_mr`) and only when that returned
-//! gives the memory back as a [`Revoked`] buffer, a plain `[u8]`. The verbs specification
-//! (IBA 11.2.8.1, Deregister Memory Region) says a deregistered region can no longer be
-//! accessed; rdma_rxe's `rxe_dereg_mr` marks the region invalid and waits until the requests
-//! that reference it have let it go. A peer's later use of the rkey fails at the peer with a
-//! remote access error, and never reaches our memory.
+//! The bytes are ours again only after a revocation: [`Exposed::revoke`] deregisters the
+//! region (`ibv_dereg_mr`) and only when that succeeded gives the memory back as a
+//! [`Revoked`] buffer, a plain `[u8]`. After the deregistration the device refuses the rkey
+//! for every new request (the peer gets a remote access error). Whether a request the device
+//! had already started (a multi-packet WRITE whose first packet was accepted) can still place
+//! data after `ibv_dereg_mr` returned is the provider's: `ibv_dereg_mr(3)` does not say.
+//! rdma_rxe drops its reference to the region between packets only at the request's end; on
+//! the kernels where its deregistration waits for those references, the wait is bounded
+//! (`RXE_POOL_TIMEOUT`), so a peer that stalls such a WRITE past the bound could still write
+//! into the `Revoked` bytes. `revoke` therefore holds against a peer that is not in the middle
+//! of a multi-packet WRITE; the barrier that holds in every case (the peer's QP in the error
+//! state, or a memory window's invalidation) is not built yet.
 //!
 //! # The initiator side
 //!
@@ -122,9 +129,10 @@ access!(
 ///
 /// [`from_bytes`](Self::from_bytes) takes untrusted bytes and checks what it can: the form,
 /// that the access bits grant at least `A`'s, a length above 0, and a range that does not
-/// wrap. A descriptor that lies (a wrong address or rkey) makes our operations fail at our
-/// side with a remote access error; it cannot make them touch our own memory, which the posts
-/// reach only through their local slot.
+/// wrap. A descriptor that lies can make our operations reach only what the peer's device
+/// lets its rkey reach: outside the region it names they fail with a remote access error (a
+/// lie naming another region of the peer's, with its rkey, succeeds there). It cannot make
+/// them touch our own memory beyond their local slot.
 pub struct RemoteBuf<A: Access> {
     addr: u64,
     len: u32,
@@ -408,8 +416,8 @@ impl<A: Access> Exposed<A> {
         self.len() == 0
     }
 
-    /// Copies bytes `offset..offset + out.len()` out, by relaxed atomic loads (a write of the
-    /// peer's in progress may be seen in part).
+    /// Copies bytes `offset..offset + out.len()` out, by relaxed atomic loads of their words
+    /// (a write of the peer's in progress may be seen in part).
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] when the range is not inside the region.
@@ -421,8 +429,8 @@ impl<A: Access> Exposed<A> {
             .map_err(|()| Error::InvalidArgument("range outside the exposed region"))
     }
 
-    /// Copies `data` in at `offset`, by relaxed atomic stores (a peer reading meanwhile may
-    /// see it in part).
+    /// Copies `data` in at `offset`, by relaxed atomic stores of whole words and
+    /// compare-and-swap of partial ones (a peer reading meanwhile may see it in part).
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] when the range is not inside the region.
@@ -436,9 +444,10 @@ impl<A: Access> Exposed<A> {
 
     /// The 8-byte word at `offset` (a multiple of 8) as an `AtomicU64`: for the words the
     /// peer's atomics use. Whether the device's atomics are atomic with the CPU's depends on
-    /// the device (`IBV_ATOMIC_GLOB`); with `IBV_ATOMIC_HCA` (rdma_rxe, which applies them
-    /// under a lock of its own with a single 8-byte store) a load sees the old or the new
-    /// value, and a CPU read-modify-write may race the peer's.
+    /// the device (`IBV_ATOMIC_GLOB` says they are); with `IBV_ATOMIC_HCA` (rdma_rxe, which
+    /// applies them under a lock of its own, as a plain read and store of the word) a load
+    /// sees the old or the new value on aligned words in practice (x86-64, arm64), and a CPU
+    /// read-modify-write racing a peer's atomic can lose one of the two updates.
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] when the word is not inside the region or not aligned.

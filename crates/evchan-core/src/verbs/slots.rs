@@ -349,6 +349,9 @@ pub struct PostedSlot {
     wr_id: u64,
     qp_num: u32,
     recv: bool,
+    /// A READ's or an atomic's length: the device writes that many bytes of the slot, which
+    /// are its length after a successful completion.
+    fetched: Option<usize>,
 }
 
 impl PostedSlot {
@@ -385,7 +388,9 @@ impl PostedSlot {
 
     /// The slot back, when `wc` is this work request's completion (any status: a completion
     /// means the device is done with the slot); `Err(self)` otherwise. For a receive, the
-    /// slot's length is set to `min(wc.byte_len(), capacity)` on success, 0 on an error status.
+    /// slot's length is set to `min(wc.byte_len(), capacity)` on success, 0 on an error status;
+    /// for an RDMA READ or an atomic, to the length asked (8 for an atomic) on success, 0 on an
+    /// error status.
     ///
     /// # Errors
     /// `self`, when `wc` is another work request's completion.
@@ -394,7 +399,9 @@ impl PostedSlot {
             return Err(self);
         }
         let mut slot = self.slot;
-        if self.recv {
+        if let Some(n) = self.fetched {
+            slot.len = if wc.is_success() { n } else { 0 };
+        } else if self.recv {
             slot.len = if wc.is_success() {
                 usize::try_from(wc.byte_len()).map_or(slot.capacity(), |n| n.min(slot.capacity()))
             } else {
@@ -482,17 +489,17 @@ fn post(
             slot: Slot { raw, len },
             wr_id,
             qp_num: qp.qp_num(),
-            // The device writes the slot: its length comes from the completion.
-            recv: matches!(
-                op,
-                ffi::SlotOp::Recv
-                    | ffi::SlotOp::Remote {
-                        op: ffi::RemoteOp::Read { .. }
-                            | ffi::RemoteOp::FetchAdd { .. }
-                            | ffi::RemoteOp::CompareSwap { .. },
-                        ..
-                    }
-            ),
+            recv: matches!(op, ffi::SlotOp::Recv),
+            fetched: match op {
+                ffi::SlotOp::Remote {
+                    len,
+                    op:
+                        ffi::RemoteOp::Read { .. }
+                        | ffi::RemoteOp::FetchAdd { .. }
+                        | ffi::RemoteOp::CompareSwap { .. },
+                } => Some(len),
+                _ => None,
+            },
         }),
         Err((why, raw)) => Err(SlotPostError {
             slot: Slot { raw, len },

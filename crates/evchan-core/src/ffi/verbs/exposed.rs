@@ -5,15 +5,18 @@
 //! An [`ExposedMem`] is an anonymous mapping of its own, reached only through raw pointers.
 //! While it is registered with remote access, a peer's device may write any of its bytes at
 //! any time, so no `&[u8]` or `&mut [u8]` over them is ever made: the buffer shows the empty
-//! slice as an [`MrBuffer`] (as a slot pool does), its bytes are read and written only through
-//! `AtomicU8` and `AtomicU64` accesses (sound whoever else writes: an atomic access races
-//! nothing), and the slices of [`revoked_bytes`](ExposedMem::revoked_bytes) are made only once
-//! the registration is gone: `Revoked` holds the buffer only after `ibv_dereg_mr` returned
-//! (`MrCell::into_inner`), and nothing else can register it (it is never handed out).
+//! slice as an [`MrBuffer`] (as a slot pool does), and its bytes are read and written only
+//! through `AtomicU64` accesses of the aligned words that hold them, one size for every access
+//! (Rust's model makes racing atomic accesses of different sizes to overlapping bytes
+//! undefined): a byte is copied out of a word's load, and copied in by a compare-and-swap loop
+//! on its word (a whole word by a store). The mapping is whole pages, page aligned, so the
+//! word of every byte of `len` lies inside it. The slices of
+//! [`revoked_bytes`](ExposedMem::revoked_bytes) are made only once the registration is gone:
+//! `Revoked` holds the buffer only after `ibv_dereg_mr` returned (`MrCell::into_inner`).
 
 use std::io;
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::mr::{MrBuffer, Sealed};
 
@@ -50,12 +53,14 @@ impl ExposedMem {
         self.len
     }
 
-    /// The byte at `i` (< len) as an atomic.
-    fn byte(&self, i: usize) -> &AtomicU8 {
-        debug_assert!(i < self.len);
-        // SAFETY: `i < len`: inside the live mapping, which lives as long as `&self`; a u8 is
-        // always aligned; the byte is only ever accessed atomically while shared (module docs).
-        unsafe { AtomicU8::from_ptr(self.base.as_ptr().wrapping_add(i)) }
+    /// The word `w` (< `mapped / 8`) as an atomic.
+    fn atomic(&self, w: usize) -> &AtomicU64 {
+        debug_assert!(w < self.mapped / 8);
+        let word = self.base.as_ptr().wrapping_add(w * 8).cast::<u64>();
+        // SAFETY: inside the live mapping (w * 8 + 8 <= mapped), which lives as long as
+        // `&self`; 8-byte aligned (the mapping is page aligned); every access to it while
+        // shared is a `u64` atomic (module docs).
+        unsafe { AtomicU64::from_ptr(word) }
     }
 
     /// Copies `offset..offset + out.len()` out; `Err` when the range is not inside.
@@ -64,8 +69,13 @@ impl ExposedMem {
         if end > self.len {
             return Err(());
         }
-        for (i, o) in out.iter_mut().enumerate() {
-            *o = self.byte(offset + i).load(Ordering::Relaxed);
+        let mut at = offset;
+        while at < end {
+            let (w, first) = (at / 8, at % 8);
+            let n = (8 - first).min(end - at);
+            let bytes = self.atomic(w).load(Ordering::Relaxed).to_ne_bytes();
+            out[at - offset..at - offset + n].copy_from_slice(&bytes[first..first + n]);
+            at += n;
         }
         Ok(())
     }
@@ -76,8 +86,27 @@ impl ExposedMem {
         if end > self.len {
             return Err(());
         }
-        for (i, d) in data.iter().enumerate() {
-            self.byte(offset + i).store(*d, Ordering::Relaxed);
+        let mut at = offset;
+        while at < end {
+            let (w, first) = (at / 8, at % 8);
+            let n = (8 - first).min(end - at);
+            let part = &data[at - offset..at - offset + n];
+            let word = self.atomic(w);
+            if n == 8 {
+                word.store(
+                    u64::from_ne_bytes(part.try_into().expect("8 bytes")),
+                    Ordering::Relaxed,
+                );
+            } else {
+                // Only this word's other bytes are kept: a peer's write to them meanwhile is
+                // not lost (the swap fails and is made again).
+                let _ = word.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |old| {
+                    let mut bytes = old.to_ne_bytes();
+                    bytes[first..first + n].copy_from_slice(part);
+                    Some(u64::from_ne_bytes(bytes))
+                });
+            }
+            at += n;
         }
         Ok(())
     }
@@ -87,11 +116,7 @@ impl ExposedMem {
         if !offset.is_multiple_of(8) || offset.checked_add(8)? > self.len {
             return None;
         }
-        // Inside the live mapping (checked), 8-byte aligned (the mapping is page aligned and
-        // the offset a multiple of 8), accessed only atomically while shared.
-        let word = self.base.as_ptr().wrapping_add(offset).cast::<u64>();
-        // SAFETY: as above.
-        Some(unsafe { AtomicU64::from_ptr(word) })
+        Some(self.atomic(offset / 8))
     }
 
     /// The bytes, once revoked (see the module docs: only `Revoked` calls it).
