@@ -73,7 +73,7 @@ mod error;
 mod mr;
 pub mod owned;
 mod qp;
-mod remote;
+pub mod remote;
 mod slots;
 mod wc;
 

@@ -353,7 +353,8 @@ impl<A: Access> RemoteBuf<A> {
 }
 
 /// Memory exposed to peers with access `A`: a zeroed mapping of its own, registered with that
-/// access on an [`OwnedPd`]. See the [module docs](self) for what holds while it is exposed.
+/// access on an [`OwnedPd`]. See the [module docs](crate::verbs::remote) for what holds while
+/// it is exposed.
 ///
 /// Dropping it deregisters the region, then unmaps the memory (if `ibv_dereg_mr` fails, the
 /// memory is leaked instead: the registration may still be in force).
@@ -462,7 +463,7 @@ impl<A: Access> Exposed<A> {
     }
 
     /// Revokes every peer's access (`ibv_dereg_mr`) and gives the memory back, once nothing
-    /// can reach it (see the [module docs](self)).
+    /// can reach it (see the [module docs](crate::verbs::remote)).
     ///
     /// # Errors
     /// [`Error::Io`] with the `ibv_dereg_mr` error; the memory is then leaked (the
