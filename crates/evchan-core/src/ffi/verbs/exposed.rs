@@ -63,35 +63,45 @@ impl ExposedMem {
         unsafe { AtomicU64::from_ptr(word) }
     }
 
-    /// Copies `offset..offset + out.len()` out; `Err` when the range is not inside.
-    pub(crate) fn load(&self, offset: usize, out: &mut [u8]) -> Result<(), ()> {
-        let end = offset.checked_add(out.len()).ok_or(())?;
+    /// The words that hold `offset..offset + len`, each with the part of it in the range:
+    /// `(word, first byte in the word, bytes, their index in the range)`; `Err` when the range
+    /// is not inside.
+    #[allow(clippy::type_complexity)]
+    fn spans(
+        &self,
+        offset: usize,
+        len: usize,
+    ) -> Result<impl Iterator<Item = (&AtomicU64, usize, usize, usize)>, ()> {
+        let end = offset.checked_add(len).ok_or(())?;
         if end > self.len {
             return Err(());
         }
         let mut at = offset;
-        while at < end {
+        Ok(std::iter::from_fn(move || {
+            if at >= end {
+                return None;
+            }
             let (w, first) = (at / 8, at % 8);
             let n = (8 - first).min(end - at);
-            let bytes = self.atomic(w).load(Ordering::Relaxed).to_ne_bytes();
-            out[at - offset..at - offset + n].copy_from_slice(&bytes[first..first + n]);
+            let span = (self.atomic(w), first, n, at - offset);
             at += n;
+            Some(span)
+        }))
+    }
+
+    /// Copies `offset..offset + out.len()` out; `Err` when the range is not inside.
+    pub(crate) fn load(&self, offset: usize, out: &mut [u8]) -> Result<(), ()> {
+        for (word, first, n, i) in self.spans(offset, out.len())? {
+            let bytes = word.load(Ordering::Relaxed).to_ne_bytes();
+            out[i..i + n].copy_from_slice(&bytes[first..first + n]);
         }
         Ok(())
     }
 
     /// Copies `data` in at `offset`; `Err` when the range is not inside.
     pub(crate) fn store(&self, offset: usize, data: &[u8]) -> Result<(), ()> {
-        let end = offset.checked_add(data.len()).ok_or(())?;
-        if end > self.len {
-            return Err(());
-        }
-        let mut at = offset;
-        while at < end {
-            let (w, first) = (at / 8, at % 8);
-            let n = (8 - first).min(end - at);
-            let part = &data[at - offset..at - offset + n];
-            let word = self.atomic(w);
+        for (word, first, n, i) in self.spans(offset, data.len())? {
+            let part = &data[i..i + n];
             if n == 8 {
                 word.store(
                     u64::from_ne_bytes(part.try_into().expect("8 bytes")),
@@ -106,7 +116,6 @@ impl ExposedMem {
                     Some(u64::from_ne_bytes(bytes))
                 });
             }
-            at += n;
         }
         Ok(())
     }
