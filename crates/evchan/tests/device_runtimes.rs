@@ -145,33 +145,46 @@ async fn bursts(port: u16) -> Bursts {
 }
 
 /// [`bursts`] on a current-thread runtime. Then, the connections idle but open, with a
-/// `recv` pending on each end, their tasks sleep: 300 ms of this thread (every task's) cost
-/// under 15 clock ticks of its CPU (a wait that kept its channel's readiness without reading
-/// the events would spin through all 30).
+/// `recv` pending on each end, their tasks sleep: in windows of 300 ms, this thread (every
+/// task's) costs under 15 clock ticks of its CPU in at least one of four (a wait that kept its
+/// channel's readiness without reading the events would spin through all 30 of every window;
+/// the first window may still see the bursts' tail, or a host that took the VM's CPU away).
 #[tokio::test]
 async fn bursts_then_idle_on_a_current_thread_runtime() {
     require_device!();
     let open = bursts(port(6)).await;
-    // A recv pending on each client (the echo servers wait in theirs).
+    // A recv pending on each client (the echo servers wait in theirs), until told to stop.
     let (conns, echoes) = (open.conns, open.echoes);
+    let mut stops = Vec::new();
     let pending: Vec<_> = conns
         .into_iter()
         .map(|mut conn| {
+            let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+            stops.push(stop);
             tokio::spawn(async move {
-                let r = tokio::time::timeout(Duration::from_millis(400), conn.recv()).await;
-                assert!(r.is_err(), "nothing was sent: {r:?}");
-                conn
+                tokio::select! {
+                    r = conn.recv() => panic!("nothing was sent: {r:?}"),
+                    _ = stopped => conn,
+                }
             })
         })
         .collect();
     tokio::time::sleep(Duration::from_millis(50)).await;
-    let before = thread_cpu_ticks();
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let spent = thread_cpu_ticks() - before;
+    let mut windows = Vec::new();
+    for _ in 0..4 {
+        let before = thread_cpu_ticks();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        windows.push(thread_cpu_ticks() - before);
+        if windows.last() < Some(&15) {
+            break;
+        }
+    }
+    eprintln!("idle: ticks of this thread's CPU in windows of 300 ms: {windows:?}");
     assert!(
-        spent < 15,
-        "an idle in-task shard used {spent} ticks of CPU in 300 ms"
+        windows.last() < Some(&15),
+        "an idle in-task shard used {windows:?} ticks of CPU in windows of 300 ms"
     );
+    drop(stops);
     let mut conns = Vec::new();
     for p in pending {
         conns.push(p.await.unwrap());
