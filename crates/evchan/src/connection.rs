@@ -291,6 +291,11 @@ impl Connection {
         wire.close_result(released, shard.lost())
     }
 
+    /// The send half, which carries the one-sided operations ([`crate::remote`]).
+    pub(crate) fn send_half(&self) -> &SendHalf {
+        &self.send
+    }
+
     /// The two halves, for two tasks. Dropping the send half sends the close message after
     /// what is queued (the peer's `recv` then returns `None`); dropping both closes the
     /// connection.

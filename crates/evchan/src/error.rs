@@ -211,6 +211,10 @@ pub enum Error {
     /// The connection ended abnormally.
     #[error("connection lost: {0}")]
     ConnectionLost(#[from] Lost),
+    /// A one-sided operation's range is not inside the peer's descriptor, is misaligned (an
+    /// atomic), or is empty: refused before anything was posted; the connection goes on.
+    #[error(transparent)]
+    Remote(#[from] evchan_core::verbs::RemoteError),
     /// The configured resources are exhausted (e.g. CQ entries of a shard).
     #[error("resources exhausted: {0}")]
     Exhausted(&'static str),
@@ -277,9 +281,10 @@ impl From<Error> for io::Error {
             Error::Rejected { .. } => io::ErrorKind::ConnectionRefused,
             Error::Unreachable(_) => io::ErrorKind::HostUnreachable,
             Error::TimedOut(_) => io::ErrorKind::TimedOut,
-            Error::MessageTooLarge { .. } | Error::PrivateDataTooLong { .. } | Error::Config(_) => {
-                io::ErrorKind::InvalidInput
-            }
+            Error::MessageTooLarge { .. }
+            | Error::PrivateDataTooLong { .. }
+            | Error::Config(_)
+            | Error::Remote(_) => io::ErrorKind::InvalidInput,
             Error::Handshake(_) => io::ErrorKind::InvalidData,
             Error::PeerClosed => io::ErrorKind::BrokenPipe,
             Error::ConnectionLost(Lost::Closed) => io::ErrorKind::NotConnected,

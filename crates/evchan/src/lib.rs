@@ -33,6 +33,8 @@
 //! - Credit flow control ([`proto`]): a sender never overruns the receives its peer posted,
 //!   however slow the reader; `send` waits instead.
 //! - [`Stream`]: the byte-stream view (`AsyncRead` + `AsyncWrite`).
+//! - [`remote`]: one-sided RDMA WRITE, READ and atomics on a peer's memory, and memory
+//!   exposed for the peer's, safely on both sides.
 //! - Every handle is `Send + 'static`, splittable ([`Connection::split`]) and movable between
 //!   tasks and runtimes. A connection's messages are posted and reaped in the task that calls
 //!   `send` or `recv`: no hand-off to another task or thread. Each connection has its own
@@ -58,6 +60,7 @@ mod error;
 mod hub;
 mod listener;
 pub mod proto;
+pub mod remote;
 mod runtime;
 mod stream;
 mod wait;

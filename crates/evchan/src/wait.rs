@@ -2,8 +2,9 @@
 //! path, sans-IO (no descriptors, no clock), so that a model test can drive every
 //! interleaving of polls, drops and wake-ups without a device.
 //!
-//! A connection has three lines of waiters ([`Role`]): its receiver, its senders and its
-//! closers (the application's `close` and the shard's background close). Any number of
+//! A connection has four lines of waiters ([`Role`]): its receiver, its senders, its
+//! closers (the application's `close` and the shard's background close) and its one-sided
+//! operations. Any number of
 //! futures may wait in each: a method on `&self` (`send`) can have many at once, and one
 //! waker slot per role would keep only the last waker, leaving the others asleep for good.
 //! So each line is a FIFO queue ([`Line`]), as tokio's `Semaphore` and `Notify` keep theirs:
@@ -16,7 +17,7 @@
 //!   post, so no sender starves; when the first leaves — done, dropped or failed — the next
 //!   one is woken at once, whatever woke the first (the baton), so a wake-up is never lost
 //!   with a dropped future;
-//! - receivers and closers are all woken by what concerns them.
+//! - receivers, closers and one-sided operations are all woken by what concerns them.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU8, Ordering};
@@ -32,10 +33,12 @@ pub(crate) enum Role {
     Recv = 0,
     Send = 1,
     Close = 2,
+    /// One-sided operations: waiting for a send slot, then for their completion.
+    Remote = 3,
 }
 
 impl Role {
-    pub(crate) const ALL: [Role; 3] = [Role::Recv, Role::Send, Role::Close];
+    pub(crate) const ALL: [Role; 4] = [Role::Recv, Role::Send, Role::Close, Role::Remote];
 
     /// The role's bit in a mask of roles.
     pub(crate) const fn bit(self) -> u8 {
@@ -178,7 +181,7 @@ impl Taken {
     }
 }
 
-/// The three lines of a connection, shared by its futures and its CQ's readiness: as a
+/// The lines of a connection, shared by its futures and its CQ's readiness: as a
 /// [`Waker`] (`Arc<Waiters>` is one), it wakes what any completion may concern — the
 /// receiver, the first sender, every closer.
 ///
@@ -189,18 +192,18 @@ impl Taken {
 /// buffer back under that lock).
 #[derive(Debug, Default)]
 pub(crate) struct Waiters {
-    lines: Mutex<[Line; 3]>,
+    lines: Mutex<[Line; 4]>,
     /// Which lines have waiters (a role's [`bit`](Role::bit)), changed under `lines`' lock: a
     /// wake of lines without waiters, and a sender's turn when nobody waits, take no lock.
     held: AtomicU8,
 }
 
 impl Waiters {
-    fn lock(&self) -> MutexGuard<'_, [Line; 3]> {
+    fn lock(&self) -> MutexGuard<'_, [Line; 4]> {
         self.lines.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn note(&self, lines: &[Line; 3]) {
+    fn note(&self, lines: &[Line; 4]) {
         let held = Role::ALL
             .iter()
             .filter(|r| !lines[**r as usize].is_empty())
@@ -289,7 +292,9 @@ impl Waiters {
                 let line = &mut lines[role as usize];
                 match role {
                     Role::Send => taken.extend(line.take_first(except)),
-                    Role::Recv | Role::Close => line.take_all(except, |w| taken.push(w)),
+                    Role::Recv | Role::Close | Role::Remote => {
+                        line.take_all(except, |w| taken.push(w))
+                    }
                 }
             }
         }
@@ -311,7 +316,7 @@ impl Extend<Waker> for Taken {
 }
 
 /// Every line's concern: what the CQ's readiness wakes.
-const ALL_LINES: u8 = Role::Recv.bit() | Role::Send.bit() | Role::Close.bit();
+const ALL_LINES: u8 = Role::Recv.bit() | Role::Send.bit() | Role::Close.bit() | Role::Remote.bit();
 
 impl Wake for Waiters {
     fn wake(self: Arc<Self>) {

@@ -32,7 +32,7 @@ use bytes::Bytes;
 use tokio::sync::mpsc;
 
 use evchan_core::verbs::{
-    Error as VerbsError, OwnedCq, OwnedMr, PostedSlot, QpHandle, Slot, SlotPool, WcStatus,
+    Error as VerbsError, OwnedCq, OwnedMr, OwnedPd, PostedSlot, QpHandle, Slot, SlotPool, WcStatus,
     WorkCompletion,
 };
 
@@ -43,6 +43,9 @@ use crate::proto::{Credits, Kind};
 use crate::runtime::removal::Removal;
 use crate::runtime::ConnId;
 use crate::wait::{Place, Role, Taken, Waiters};
+
+mod remote;
+pub(crate) use remote::{Fetch, Fetched, PostRemote, RemoteOp};
 
 /// How many completions one poll of the CQ takes.
 const POLL_BATCH: usize = 32;
@@ -147,6 +150,9 @@ impl Drop for Waiting<'_> {
 /// The verbs objects of a connection: what [`Wire::release`] takes away.
 pub(crate) struct Objects {
     pub(crate) qp: QpHandle,
+    /// The protection domain of the QP and the regions (what [`crate::Connection::expose`]
+    /// registers on).
+    pub(crate) pd: OwnedPd,
     pub(crate) send_mr: OwnedMr<SlotPool>,
     pub(crate) recv_mr: OwnedMr<SlotPool>,
     /// The CQ's route in its shard's hub: goes before the CQ.
@@ -157,6 +163,7 @@ pub(crate) struct Objects {
 impl Objects {
     pub(crate) fn new(
         qp: QpHandle,
+        pd: OwnedPd,
         send_mr: OwnedMr<SlotPool>,
         recv_mr: OwnedMr<SlotPool>,
         cq: OwnedCq,
@@ -164,6 +171,7 @@ impl Objects {
     ) -> Self {
         Self {
             qp,
+            pd,
             send_mr,
             recv_mr,
             route,
@@ -223,6 +231,8 @@ enum Wr {
     Recv,
     Data,
     Ctrl,
+    /// A one-sided operation (RDMA WRITE, READ or atomic), from a data slot.
+    Remote,
 }
 
 /// What the shard hears from a connection's data path.
@@ -314,6 +324,13 @@ struct Path {
     owed: Taken,
     to_shard: ToShard,
     wcs: Vec<WorkCompletion>,
+    /// One-sided operations posted, by work request id, whose futures wait: `None` until the
+    /// completion, then what it brought. A dropped future's entry goes (its slot comes back at
+    /// the completion all the same).
+    remote: crate::runtime::IntMap<u64, remote::Entry>,
+    /// A one-sided operation completed, or a data slot came back, since the last wake of the
+    /// one-sided operations' line.
+    remote_news: bool,
 }
 
 impl Wire {
@@ -352,6 +369,8 @@ impl Wire {
                 owed: Taken::default(),
                 to_shard,
                 wcs: Vec::with_capacity(POLL_BATCH),
+                remote: crate::runtime::IntMap::default(),
+                remote_news: false,
             }),
             wakers,
             active: AtomicBool::new(false),
@@ -389,6 +408,9 @@ impl Wire {
         // The closers: `close` waits to be ready, the shard's deferred disconnect for quiet.
         if path.close_ready() || !path.sending() {
             mask |= Role::Close.bit();
+        }
+        if std::mem::take(&mut path.remote_news) || path.stop.is_some() {
+            mask |= Role::Remote.bit();
         }
         self.wakers.wake_lines(mask, me, &mut path.owed);
     }
@@ -1112,6 +1134,10 @@ impl Path {
             return;
         };
         let ok = wc.is_success();
+        if kind != Wr::Recv {
+            // A send slot or a send queue entry is free: a one-sided operation may post.
+            self.remote_news = true;
+        }
         match kind {
             Wr::Recv if ok => self.on_recv(slot, wc),
             Wr::Recv => {}
@@ -1122,6 +1148,7 @@ impl Path {
                     self.undelivered = true;
                 }
             }
+            Wr::Remote => self.on_remote(slot, wc),
             Wr::Ctrl => {
                 if self.fin_wr == Some(wc.wr_id()) {
                     self.fin_wr = None;

@@ -19,6 +19,23 @@ fn handles_are_send_and_static() {
     sync::<Listener>();
     sync::<SendHalf>();
     sync::<Error>();
+    send_static::<evchan::remote::Exposed<evchan::remote::RemoteReadWrite>>();
+    send_static::<evchan::remote::Revoked>();
+}
+
+fn send_future<F: std::future::Future + Send>(_: F) {}
+
+/// The one-sided operations' futures are `Send` (for `tokio::spawn`); never polled here.
+#[allow(dead_code)]
+fn one_sided_futures_are_send(
+    c: &Connection,
+    d: &evchan::remote::RemoteBuf<evchan::remote::RemoteReadWrite>,
+    a: &evchan::remote::RemoteBuf<evchan::remote::RemoteAtomic>,
+) {
+    send_future(c.write(d, 0, [1u8]));
+    send_future(c.read(d, 0, 1));
+    send_future(c.fetch_add(a, 0, 1));
+    send_future(c.compare_swap(a, 0, 1, 2));
 }
 
 fn runtime() -> tokio::runtime::Runtime {

@@ -236,7 +236,7 @@ impl<'s> Shard<'s> {
                     .map_err(|e| Error::Verbs(e.error))?,
             );
         }
-        let objects = Objects::new(qp, send_mr, recv_mr, cq, route);
+        let objects = Objects::new(qp, pd.clone(), send_mr, recv_mr, cq, route);
         let wire = Wire::new(
             objects,
             free_data,

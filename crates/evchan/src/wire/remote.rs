@@ -1,0 +1,229 @@
+//! One-sided operations (RDMA WRITE, READ and atomics) on the data path: each takes a data
+//! slot (the local bytes it moves), posts on the send queue after whatever was posted before,
+//! and waits in the one-sided operations' line ([`Role::Remote`]) for its completion. The
+//! slot belongs to the work request until its completion, whether or not the future is still
+//! there: a dropped future's operation completes all the same, and its slot comes back to the
+//! pool then, never earlier (the device may still be writing a READ's bytes into it).
+
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use evchan_core::verbs::{
+    atomic_result, Error as VerbsError, Mr, PostedSlot, QpHandle, Slot, SlotPool, SlotPostError,
+    WcStatus, WorkCompletion,
+};
+
+use super::{post_failed, Path, Spun, Wait, Wire, Wr};
+use crate::cm_map;
+use crate::error::{Error, Lost, Result};
+use crate::wait::Role;
+
+/// Posts one one-sided operation from the slot it is given (filling it first for a WRITE).
+pub(crate) type PostRemote<'a> = dyn Fn(&QpHandle, &Mr<'_, SlotPool>, Slot) -> std::result::Result<PostedSlot, SlotPostError>
+    + Send
+    + Sync
+    + 'a;
+
+/// What an operation's completion brings back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Fetch {
+    /// Nothing (a WRITE).
+    Nothing,
+    /// The bytes read (a READ).
+    Bytes,
+    /// The word's value before the operation (an atomic).
+    Word,
+}
+
+/// What a completed operation brought back.
+#[derive(Debug)]
+pub(crate) enum Fetched {
+    Nothing,
+    Bytes(Bytes),
+    Word(u64),
+}
+
+/// A posted operation, by its work request id in [`Path::remote`].
+#[derive(Debug)]
+pub(crate) struct Entry {
+    fetch: Fetch,
+    done: Option<Done>,
+}
+
+#[derive(Debug)]
+pub(crate) enum Done {
+    Ok(Fetched),
+    Failed(Lost),
+    /// Flushed: the QP is in the error state, for a cause the connection's end names.
+    Flushed,
+}
+
+/// A one-sided operation's future's state.
+pub(crate) struct RemoteOp<'a> {
+    pub(crate) fetch: Fetch,
+    pub(crate) post: &'a PostRemote<'a>,
+    /// The work request id, once posted and until its result is taken.
+    pub(crate) posted: Option<u64>,
+}
+
+impl Path {
+    /// Posts `op` from a free data slot: its work request id; `None` when no slot is free or
+    /// the send queue is full (wait for a completion).
+    fn post_remote(&mut self, op: &RemoteOp<'_>) -> Result<Option<u64>> {
+        let Some(objects) = &self.objects else {
+            return Err(self.ended());
+        };
+        let Some(slot) = self.free_data.pop() else {
+            return Ok(None);
+        };
+        match (op.post)(&objects.qp, objects.send_mr.mr(), slot) {
+            Ok(posted) => {
+                let id = posted.wr_id();
+                self.posted_send.push_back((posted, Wr::Remote));
+                self.remote.insert(
+                    id,
+                    Entry {
+                        fetch: op.fetch,
+                        done: None,
+                    },
+                );
+                Ok(Some(id))
+            }
+            Err(e) if e.is_queue_full() => {
+                self.free_data.push(e.slot);
+                Ok(None)
+            }
+            Err(SlotPostError {
+                slot,
+                error: VerbsError::Remote(r),
+            }) => {
+                // Checked before posting: nothing was posted, the connection goes on.
+                self.free_data.push(slot);
+                Err(Error::Remote(r))
+            }
+            Err(e) => {
+                self.free_data.push(e.slot);
+                self.lose(post_failed(&e.error));
+                Err(self.ended())
+            }
+        }
+    }
+
+    /// A one-sided operation completed: what it brought goes to its future (if still there),
+    /// its slot back to the pool.
+    pub(super) fn on_remote(&mut self, slot: Slot, wc: &WorkCompletion) {
+        let Some(entry) = self.remote.get_mut(&wc.wr_id()) else {
+            // Its future was dropped.
+            self.free_data.push(slot);
+            return;
+        };
+        entry.done = Some(if wc.is_success() {
+            Done::Ok(match entry.fetch {
+                Fetch::Nothing => Fetched::Nothing,
+                Fetch::Bytes => Fetched::Bytes(Bytes::copy_from_slice(slot.as_slice())),
+                Fetch::Word => Fetched::Word(atomic_result(&slot).unwrap_or_default()),
+            })
+        } else if wc.status() == WcStatus::WrFlush {
+            Done::Flushed
+        } else {
+            Done::Failed(cm_map::wc_failure(false, wc.status(), self.max_recv))
+        });
+        self.free_data.push(slot);
+    }
+
+    /// Why the connection cannot carry an operation: it ended.
+    fn ended(&self) -> Error {
+        self.send_error()
+            .unwrap_or(Error::ConnectionLost(Lost::QpError { event: None }))
+    }
+
+    /// The result of `id`'s operation, once it completed (taken out of the table).
+    fn take_done(&mut self, id: u64) -> Option<Result<Fetched>> {
+        if self.remote.get(&id).is_none_or(|e| e.done.is_none()) {
+            return None;
+        }
+        let done = self.remote.remove(&id)?.done?;
+        Some(match done {
+            Done::Ok(f) => Ok(f),
+            Done::Failed(lost) => Err(Error::ConnectionLost(lost)),
+            Done::Flushed => Err(self.ended()),
+        })
+    }
+}
+
+impl Wire {
+    /// Posts `op` once a data slot is free (no credit: a one-sided operation consumes no
+    /// receive of the peer's), then waits for its completion; `Ready` with what it brought, or
+    /// why it failed (a range outside the descriptor: nothing posted, the connection goes on;
+    /// a failed completion: the connection is lost, with its cause). `Ready` ends the wait.
+    pub(crate) fn poll_remote(
+        &self,
+        cx: &mut Context<'_>,
+        op: &mut RemoteOp<'_>,
+        wait: &mut Wait,
+    ) -> Poll<Result<Fetched>> {
+        let mut path = self.lock();
+        let done = loop {
+            match op.posted {
+                None => {
+                    if let Some(e) = path.send_error() {
+                        break Err(e);
+                    }
+                    match path.post_remote(op) {
+                        Ok(Some(id)) => op.posted = Some(id),
+                        Ok(None) => {}
+                        Err(e) => break Err(e),
+                    }
+                }
+                Some(id) => {
+                    if let Some(r) = path.take_done(id) {
+                        op.posted = None;
+                        break r;
+                    }
+                    if path.stop.is_some() {
+                        // Reap what is there: it may have completed before the end.
+                        self.progress(&mut path, Some((Role::Remote, wait.place)));
+                        if let Some(r) = path.take_done(id) {
+                            op.posted = None;
+                            break r;
+                        }
+                        // It never completes (or only as a flush): its slot comes back then.
+                        path.remote.remove(&id);
+                        op.posted = None;
+                        break Err(path.ended());
+                    }
+                }
+            }
+            match self.busy_poll(path, Role::Remote, wait, cx) {
+                Spun::Found(p) => {
+                    path = p;
+                    continue;
+                }
+                Spun::Yielded => return Poll::Pending,
+                Spun::Over(p) => path = p,
+            }
+            if let Err(e) = std::task::ready!(self.poll_progress(&mut path, Role::Remote, wait, cx))
+            {
+                break Err(e);
+            }
+        };
+        drop(path);
+        self.end_wait(Role::Remote, wait);
+        Poll::Ready(done)
+    }
+
+    /// The future of the operation `id` was dropped before it took the result: the entry
+    /// goes, and the slot comes back at the completion (or now, if it came).
+    pub(crate) fn forget_remote(&self, id: u64) {
+        self.lock().remote.remove(&id);
+    }
+
+    /// The connection's protection domain, while the connection holds its objects.
+    pub(crate) fn pd(&self) -> Result<evchan_core::verbs::OwnedPd> {
+        let path = self.lock();
+        match &path.objects {
+            Some(o) => Ok(o.pd.clone()),
+            None => Err(path.ended()),
+        }
+    }
+}
