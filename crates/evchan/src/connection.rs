@@ -442,6 +442,11 @@ impl SendHalf {
     pub(crate) fn wire(&self) -> &Wire {
         &self.wire
     }
+
+    /// Whether [`shutdown`](Self::shutdown) was called: nothing more goes out.
+    pub(crate) fn is_shut(&self) -> bool {
+        self.shut
+    }
 }
 
 impl Drop for SendHalf {

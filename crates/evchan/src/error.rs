@@ -212,9 +212,16 @@ pub enum Error {
     #[error("connection lost: {0}")]
     ConnectionLost(#[from] Lost),
     /// A one-sided operation's range is not inside the peer's descriptor, is misaligned (an
-    /// atomic), or is empty: refused before anything was posted; the connection goes on.
+    /// atomic) or empty, or its local slot is too small (an atomic's 8 bytes on a connection
+    /// whose messages are smaller): refused before anything was posted; the connection goes
+    /// on.
     #[error(transparent)]
     Remote(#[from] evchan_core::verbs::RemoteError),
+    /// An RDMA READ or atomic on a connection whose peer granted no responder resources when
+    /// it was set up (its `responder_resources` 0: a plain librdmacm peer may do that), which
+    /// therefore takes none: refused before posting; the connection goes on.
+    #[error("the peer takes no RDMA READ or atomic on this connection (no responder resources)")]
+    NoReadResources,
     /// The configured resources are exhausted (e.g. CQ entries of a shard).
     #[error("resources exhausted: {0}")]
     Exhausted(&'static str),
@@ -284,7 +291,8 @@ impl From<Error> for io::Error {
             Error::MessageTooLarge { .. }
             | Error::PrivateDataTooLong { .. }
             | Error::Config(_)
-            | Error::Remote(_) => io::ErrorKind::InvalidInput,
+            | Error::Remote(_)
+            | Error::NoReadResources => io::ErrorKind::InvalidInput,
             Error::Handshake(_) => io::ErrorKind::InvalidData,
             Error::PeerClosed => io::ErrorKind::BrokenPipe,
             Error::ConnectionLost(Lost::Closed) => io::ErrorKind::NotConnected,

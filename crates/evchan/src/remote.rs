@@ -28,14 +28,21 @@
 //! - The initiator's operations ([`Connection::write`], [`read`](Connection::read),
 //!   [`fetch_add`](Connection::fetch_add), [`compare_swap`](Connection::compare_swap)) copy
 //!   their bytes through one of the connection's send slots, so each moves at most
-//!   [`max_message_size`](Connection::max_message_size) bytes. They need no credit (they
-//!   consume no receive of the peer's), post on the send queue after what was sent before,
-//!   and are awaited in the calling task as messages are. The peer's range is checked against
-//!   the descriptor before posting ([`Error::Remote`], nothing posted, the connection goes
-//!   on). A descriptor that lies about the peer's memory gets the peer device's refusal: the
-//!   operation fails with [`Lost::WorkCompletion`](crate::Lost::WorkCompletion) (a remote
-//!   access error) and, as for any failed work request on a reliable connection, the
-//!   connection is lost.
+//!   [`max_message_size`](Connection::max_message_size) bytes, and as many are in flight at
+//!   once as the connection has send slots (`Config::send_depth`, shared with `send`, without
+//!   a common order: a sender and an operation waiting for a slot each take the next one they
+//!   find). They need no credit (they consume no receive of the peer's), post on the send
+//!   queue after what was sent before, and are awaited in the calling task as messages are.
+//! - The peer's range is checked against the descriptor before anything is posted or waited
+//!   for ([`Error::Remote`]; the connection goes on). A descriptor that lies about the peer's
+//!   memory gets the peer device's refusal: the operation fails with
+//!   [`Lost::WorkCompletion`](crate::Lost::WorkCompletion) (a remote access error) and, as for
+//!   any failed work request on a reliable connection, the connection is lost.
+//! - READ and atomics need the peer to have granted responder resources when the connection
+//!   was set up: every evchan peer and rping grant one; where a plain peer granted none they
+//!   are refused ([`Error::NoReadResources`]).
+//! - An error returned after the operation was posted (the connection lost meanwhile) does not
+//!   say that it did not take effect: a WRITE may have landed, an atomic may have applied.
 //! - Cancel safety: dropping an operation's future before it was posted posts nothing;
 //!   after, the operation still completes (a WRITE may land, an atomic still applies) and its
 //!   slot stays with the connection until the completion, so nothing the device may still
@@ -44,10 +51,14 @@
 //!   reach them; copies in and out and `AtomicU64` words meanwhile; [`Exposed::revoke`] for the
 //!   bytes back (see [`evchan_core::verbs::remote`] for exactly what the revocation holds
 //!   against).
-//! - Scope of a grant: [`Connection::expose`] registers on the protection domain that this
-//!   process's connections on the device share, so its rkey is valid on every one of them,
-//!   not only on the connection it was exposed through: hand the descriptor only to peers you
-//!   trust with it. (Memory windows bound to one connection are not built yet.)
+//! - Scope of a grant: [`Connection::expose`] registers on the protection domain of the
+//!   connection's evchan runtime on its device (one per device for all the connections made
+//!   with the same `Config::shards`), so its rkey is valid on every one of those connections,
+//!   not only on the one it was exposed through: hand the descriptor only to peers you trust
+//!   with it. (Memory windows bound to one connection are not built yet.)
+//! - An [`Exposed`] holds its device open until it is dropped or revoked, past the
+//!   connection's end: on a device without disassociation (rdma_rxe), a device removal waits
+//!   for it.
 
 pub use evchan_core::verbs::{
     Access, AllowsAtomic, AllowsRead, AllowsWrite, Exposed, RemoteAtomic, RemoteBuf, RemoteError,
@@ -93,11 +104,30 @@ async fn run(wire: &Wire, fetch: Fetch, post: &PostRemote<'_>) -> Result<Fetched
     poll_fn(|cx| wire.poll_remote(cx, &mut hold.op, &mut waiting.wait)).await
 }
 
-fn too_large(len: usize, max: usize) -> Result<()> {
+/// The checks before an operation waits for anything: the half is not shut down, the
+/// operation's `len` bytes fit a slot (`max`), and `range` (the peer's range's check).
+fn check(half: &SendHalf, len: usize, range: std::result::Result<u64, RemoteError>) -> Result<()> {
+    if half.is_shut() {
+        return Err(Error::ConnectionLost(crate::Lost::Closed));
+    }
+    let max = half.max_message_size();
     if len > max {
         return Err(Error::MessageTooLarge { len, max });
     }
+    range?;
     Ok(())
+}
+
+/// The peer's range of `len` bytes at `offset` in `d`, 0 bytes refused.
+fn bytes<A: Access>(
+    d: &RemoteBuf<A>,
+    offset: u64,
+    len: usize,
+) -> std::result::Result<u64, RemoteError> {
+    if len == 0 {
+        return Err(RemoteError::Empty);
+    }
+    d.range(offset, len as u64)
 }
 
 fn word(f: Fetched) -> u64 {
@@ -107,13 +137,25 @@ fn word(f: Fetched) -> u64 {
     }
 }
 
+/// [`check`] for an atomic on the word at `offset`: 8 bytes, aligned.
+fn check_word<A: Access>(half: &SendHalf, at: &RemoteBuf<A>, offset: u64) -> Result<()> {
+    let capacity = half.max_message_size();
+    if capacity < 8 {
+        return Err(Error::Remote(RemoteError::LocalTooSmall {
+            need: 8,
+            capacity,
+        }));
+    }
+    check(half, 8, at.word(offset))
+}
+
 impl SendHalf {
-    /// Registers `len` zeroed bytes (rounded up to whole pages) for the peer with access `A`,
+    /// Registers `len` zeroed bytes (in a mapping of their own) for the peer with access `A`,
     /// on this connection's device: the [`Exposed`] memory, whose
     /// [`descriptor`](Exposed::descriptor) the peer needs (send it in a message, or in the
     /// private data of a connect or accept). See the [module docs](crate::remote) for what
-    /// holds while it is exposed, and for the grant's scope (every connection of this
-    /// process on the device).
+    /// holds while it is exposed, and for the grant's scope (every connection of the same
+    /// evchan runtime on the device).
     ///
     /// # Errors
     /// [`Error::Verbs`] (an `InvalidArgument` for 0 or more than `u32::MAX` bytes; the
@@ -137,7 +179,7 @@ impl SendHalf {
         data: impl AsRef<[u8]>,
     ) -> Result<()> {
         let data = data.as_ref();
-        too_large(data.len(), self.max_message_size())?;
+        check(self, data.len(), bytes(to, offset, data.len()))?;
         let post = |qp: &QpHandle, mr: &Mr<'_, SlotPool>, mut slot: Slot| {
             if slot.copy_from(data).is_err() {
                 return Err(SlotPostError {
@@ -160,7 +202,7 @@ impl SendHalf {
         offset: u64,
         len: usize,
     ) -> Result<Bytes> {
-        too_large(len, self.max_message_size())?;
+        check(self, len, bytes(from, offset, len))?;
         let post = |qp: &QpHandle, mr: &Mr<'_, SlotPool>, slot: Slot| {
             qp.post_read_slot(mr, slot, from, offset, len)
         };
@@ -180,6 +222,7 @@ impl SendHalf {
         offset: u64,
         add: u64,
     ) -> Result<u64> {
+        check_word(self, at, offset)?;
         let post = |qp: &QpHandle, mr: &Mr<'_, SlotPool>, slot: Slot| {
             qp.post_fetch_add_slot(mr, slot, at, offset, add)
         };
@@ -198,6 +241,7 @@ impl SendHalf {
         compare: u64,
         swap: u64,
     ) -> Result<u64> {
+        check_word(self, at, offset)?;
         let post = |qp: &QpHandle, mr: &Mr<'_, SlotPool>, slot: Slot| {
             qp.post_compare_swap_slot(mr, slot, at, offset, compare, swap)
         };
@@ -216,22 +260,24 @@ impl Connection {
 
     /// RDMA WRITE of `data` (at most [`max_message_size`](Self::max_message_size) bytes, copied
     /// into a send slot) at `offset` in the peer's `to`, posted after what was sent before;
-    /// returns once it completed: on a reliable connection, the peer's device acknowledged it.
-    /// Whether the peer's application sees the bytes yet is for it to learn from a message
-    /// sent after the write (messages and one-sided operations of one connection are carried
-    /// in order). Any number may be in flight at once, each holding a send slot until its
-    /// completion (sends wait for those slots too).
+    /// returns once it completed: on a reliable connection, the peer's device acknowledged it,
+    /// so a message sent after this returns reaches the peer's application after the bytes
+    /// are in its memory. Up to the connection's send slots may be in flight at once (tasks
+    /// sharing the connection), each holding its slot until its completion (sends wait for
+    /// those slots too).
     ///
     /// Cancel safety: dropped before posting, nothing is written; after, the write still
     /// completes.
     ///
     /// # Errors
-    /// [`Error::MessageTooLarge`] and [`Error::Remote`] (a range outside `to`, or nothing to
-    /// write): refused before posting, the connection goes on. [`Error::ConnectionLost`] when
-    /// the connection was lost before or by the write (a peer device's refusal of the rkey is
-    /// [`Lost::WorkCompletion`](crate::Lost::WorkCompletion) with a remote access error),
-    /// [`Error::PeerClosed`] after the peer disconnected; [`Error::Config`] outside a tokio
-    /// runtime with its I/O driver.
+    /// Refused before posting or waiting, the connection going on:
+    /// [`Error::MessageTooLarge`], [`Error::Remote`] (a range outside `to`, or nothing to
+    /// write), [`Error::ConnectionLost`] with [`Lost::Closed`](crate::Lost::Closed) after
+    /// [`SendHalf::shutdown`], [`Error::Config`] outside a tokio runtime with its I/O driver.
+    /// [`Error::ConnectionLost`] when the connection was lost before or during the write (a
+    /// peer device's refusal of the rkey is [`Lost::WorkCompletion`](crate::Lost::WorkCompletion)
+    /// with a remote access error), [`Error::PeerClosed`] after the peer disconnected: once
+    /// posted, such an error leaves open whether the bytes landed.
     pub async fn write<A: AllowsWrite>(
         &self,
         to: &RemoteBuf<A>,
@@ -249,7 +295,8 @@ impl Connection {
     /// completes into its slot, which stays with the connection until then.
     ///
     /// # Errors
-    /// As [`write`](Self::write) (a `len` of 0 is [`Error::Remote`]).
+    /// As [`write`](Self::write) (a `len` of 0 is [`Error::Remote`]);
+    /// [`Error::NoReadResources`] toward a peer that takes no READ.
     pub async fn read<A: AllowsRead>(
         &self,
         from: &RemoteBuf<A>,
@@ -267,7 +314,9 @@ impl Connection {
     /// Cancel safety: dropped after posting, the addition still happens.
     ///
     /// # Errors
-    /// As [`write`](Self::write); [`Error::Remote`] also for a misaligned word.
+    /// As [`read`](Self::read); [`Error::Remote`] also for a misaligned word, or a connection
+    /// whose messages are under 8 bytes. Once posted, an error leaves open whether the
+    /// operation applied.
     pub async fn fetch_add<A: AllowsAtomic>(
         &self,
         at: &RemoteBuf<A>,

@@ -4,9 +4,9 @@
 //!
 //! A connection has four lines of waiters ([`Role`]): its receiver, its senders, its
 //! closers (the application's `close` and the shard's background close) and its one-sided
-//! operations. Any number of
-//! futures may wait in each: a method on `&self` (`send`) can have many at once, and one
-//! waker slot per role would keep only the last waker, leaving the others asleep for good.
+//! operations. Any number of futures may wait in each: a method on `&self` (`send`) can have
+//! many at once, and one waker slot per role would keep only the last waker, leaving the
+//! others asleep for good.
 //! So each line is a FIFO queue ([`Line`]), as tokio's `Semaphore` and `Notify` keep theirs:
 //!
 //! - a future takes a place ([`Place`]) the first time it has to wait, keeps it (its waker
@@ -183,7 +183,7 @@ impl Taken {
 
 /// The lines of a connection, shared by its futures and its CQ's readiness: as a
 /// [`Waker`] (`Arc<Waiters>` is one), it wakes what any completion may concern — the
-/// receiver, the first sender, every closer.
+/// receiver, the first sender, every closer, every one-sided operation.
 ///
 /// Lock order: a caller may hold the data path's lock when it calls in here, never the other
 /// way round. No waker is woken under either lock: [`wake_lines`](Self::wake_lines) hands the
@@ -270,7 +270,7 @@ impl Waiters {
     }
 
     /// The wakers of what concerns the lines of `mask` (bits of [`Role::bit`]), into `taken`:
-    /// the receiver, the first sender, every closer; not `except`, the caller (a role and its
+    /// the receiver, the first sender, every closer, every one-sided operation; not `except`, the caller (a role and its
     /// place). The caller wakes them, after its locks.
     #[inline]
     pub(crate) fn wake_lines(&self, mask: u8, except: Option<(Role, Place)>, taken: &mut Taken) {

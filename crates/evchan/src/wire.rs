@@ -16,6 +16,8 @@
 //! progress also wakes the waiters it helped (a message for the reader, a slot or credit for
 //! the first sender in line). Any number of futures may wait (senders in a FIFO line, see
 //! [`crate::wait`]); each leaves its line when it completes or is dropped ([`Waiting`]).
+//! One-sided operations ([`remote`]) take a send slot, post on the same send queue and wait
+//! for their completion in a line of their own.
 //!
 //! The shard can take the verbs objects away at any time ([`Wire::release`]: the connection
 //! closed, was lost, or its device was removed); the halves then see why the connection
@@ -331,6 +333,11 @@ struct Path {
     /// A one-sided operation completed, or a data slot came back, since the last wake of the
     /// one-sided operations' line.
     remote_news: bool,
+    /// One-sided operations posted and not completed (whether or not their futures wait).
+    remote_in_flight: u32,
+    /// The RDMA READs and atomics the peer takes at once, as the connection's setup said: 0
+    /// refuses them (a READ the peer never answers would hold the send queue).
+    reads: u8,
 }
 
 impl Wire {
@@ -371,6 +378,8 @@ impl Wire {
                 wcs: Vec::with_capacity(POLL_BATCH),
                 remote: crate::runtime::IntMap::default(),
                 remote_news: false,
+                remote_in_flight: 0,
+                reads: 0,
             }),
             wakers,
             active: AtomicBool::new(false),
@@ -604,7 +613,8 @@ impl Wire {
         self.poll_closer(path, cx, wait, Path::close_ready)
     }
 
-    /// `Ready` once no send of ours (nor the `FIN`) is in flight, or the connection ended.
+    /// `Ready` once no send of ours (nor the `FIN`, nor a one-sided operation) is in flight, or
+    /// the connection ended.
     pub(crate) fn poll_quiet(&self, cx: &mut Context<'_>, wait: &mut Wait) -> Poll<Result<()>> {
         let path = self.lock();
         self.poll_closer(path, cx, wait, |p| !p.sending() || p.objects.is_none())
@@ -637,8 +647,11 @@ impl Wire {
     // -----------------------------------------------------------------------------------
 
     /// `ESTABLISHED`: the peer's handshake decided the credits (`None`: a plain peer).
-    pub(crate) fn open(&self, credits: Option<Credits>) {
-        self.lock().credits = credits;
+    /// `reads`: the RDMA READs and atomics the peer takes at once (0: none).
+    pub(crate) fn open(&self, credits: Option<Credits>, reads: u8) {
+        let mut path = self.lock();
+        path.credits = credits;
+        path.reads = reads;
     }
 
     /// Whether the close can go on: the `FIN` (or, toward a plain peer, every send) completed,
@@ -653,7 +666,8 @@ impl Wire {
         path.close_ready()
     }
 
-    /// Whether sends of ours (or the `FIN`) are in flight. Reaps first.
+    /// Whether sends of ours (or the `FIN`, or one-sided operations) are in flight. Reaps
+    /// first.
     pub(crate) fn sending(&self) -> bool {
         let mut path = self.lock();
         self.progress(&mut path, None);
@@ -696,6 +710,7 @@ impl Wire {
             path.stop.get_or_insert(Stop::Lost(why));
             path.posted_send.clear();
             path.posted_recv.clear();
+            path.remote_in_flight = 0;
             if let Some((device, qp_num)) = path.qp_key.take() {
                 crate::runtime::qp_events::unregister(&device, qp_num, self);
             }
@@ -828,7 +843,7 @@ impl Path {
     }
 
     fn sending(&self) -> bool {
-        self.sends_in_flight > 0 || self.fin_wr.is_some()
+        self.sends_in_flight > 0 || self.fin_wr.is_some() || self.remote_in_flight > 0
     }
 
     fn close_ready(&self) -> bool {
@@ -837,7 +852,7 @@ impl Path {
         }
         match &self.credits {
             Some(c) => c.fin_sent() && self.fin_wr.is_none(),
-            None => self.sends_in_flight == 0,
+            None => self.sends_in_flight == 0 && self.remote_in_flight == 0,
         }
     }
 

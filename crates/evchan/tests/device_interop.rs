@@ -11,9 +11,19 @@
 //! must see a plain librdmacm peer (`is_evchan_peer() == false`) and still exchange raw
 //! messages with it; the tool's disconnect must end our receive side cleanly (`None`).
 //!
+//! And `rping` (rdmacm-utils), whose protocol is one-sided: its server RDMA READs the client's
+//! start buffer and RDMA WRITEs it into the client's sink buffer, each advertised in a 16-byte
+//! `struct rping_rdma_info` (`examples/rping.rs`, whose both sides these tests run): our
+//! client against `rping -s`, and `rping -c -V` (which checks every ping's data) against our
+//! server.
+//!
 //! Every tool runs under a deadline and is killed if it outlives the test.
 #![forbid(unsafe_code)]
 
+/// The workspace's rping example, both sides.
+#[allow(dead_code)]
+#[path = "../../../examples/rping.rs"]
+mod rping;
 mod support;
 
 use std::net::SocketAddr;
@@ -222,4 +232,80 @@ async fn both_directions_at_once() {
     let b = tokio::spawn(our_client_against_rdma_server(v6(port(6))));
     step("rdma_client side", a).await.unwrap();
     step("rdma_server side", b).await.unwrap();
+}
+
+/// `rping -s -S 1000` serves our client (`examples/rping.rs`): 20 pings of 1,000 bytes, each READ from
+/// our start buffer and WRITten into our sink by the C server, each sink checked against its
+/// ping's data; our disconnect then ends the server with status 0.
+#[tokio::test]
+async fn our_rping_client_against_rping_server() {
+    require_device!();
+    let tool = require_tool!("rping", "rdmacm-utils");
+    let addr = v4(port(7));
+    let mut server = Tool::spawn(
+        &tool,
+        // Its buffer is `-S` bytes (64 without): as large as our pings.
+        &[
+            "-s",
+            "-S",
+            "1000",
+            "-a",
+            &tool_addr(addr),
+            "-p",
+            &addr.port().to_string(),
+        ],
+    );
+    let connect = || Connection::builder().config(rping::config()).connect(addr);
+    let mut conn = while_not_listening(&mut server, connect)
+        .await
+        .unwrap_or_else(|e| panic!("connecting to rping -s: {e}"));
+    assert!(!conn.is_evchan_peer());
+    step("20 pings", rping::client(&mut conn, 20, 1000, true))
+        .await
+        .unwrap_or_else(|e| panic!("pinging rping -s: {e}"));
+    step("close", conn.close()).await.unwrap();
+    let out = tokio::task::spawn_blocking(move || server.wait(TOOL_DEADLINE))
+        .await
+        .unwrap();
+    assert!(out.status.success(), "rping -s failed: {out}");
+    assert!(!out.stderr.contains("cq completion failed"), "{out}");
+}
+
+/// Our server (`examples/rping.rs`) serves `rping -c -V`: 20 pings of 1,000 bytes, each READ
+/// from the C client's start buffer and WRITten back into its sink, which it checks (`-V`: a
+/// mismatch fails it); it exits 0 and its disconnect ends our side cleanly.
+#[tokio::test]
+async fn rping_client_against_our_rping_server() {
+    require_device!();
+    let tool = require_tool!("rping", "rdmacm-utils");
+    let addr = v4(port(8));
+    let listener = Listener::bind(addr, rping::config()).await.unwrap();
+    let client = Tool::spawn(
+        &tool,
+        &[
+            "-c",
+            "-V",
+            "-C",
+            "20",
+            "-S",
+            "1000",
+            "-a",
+            &tool_addr(addr),
+            "-p",
+            &addr.port().to_string(),
+        ],
+    );
+    let incoming = step("rping's connect", listener.accept()).await.unwrap();
+    let mut conn = step("accept", incoming.accept(&[])).await.unwrap();
+    assert!(!conn.is_evchan_peer());
+    let pings = step("serve", rping::serve(&mut conn))
+        .await
+        .unwrap_or_else(|e| panic!("serving rping -c: {e}"));
+    assert_eq!(pings, 20);
+    let out = tokio::task::spawn_blocking(move || client.wait(TOOL_DEADLINE))
+        .await
+        .unwrap();
+    assert!(out.status.success(), "rping -c -V failed: {out}");
+    assert!(!out.stderr.contains("mismatch"), "{out}");
+    step("close", conn.close()).await.unwrap();
 }

@@ -10,7 +10,10 @@ use std::time::Duration;
 
 use evchan::remote::{RemoteAtomic, RemoteBuf, RemoteError, RemoteRead, RemoteReadWrite};
 use evchan::{Config, Connection, Error, Listener, Lost};
+use evchan_core::cm::{ConnParam, EventKind};
 use evchan_core::verbs::WcStatus;
+use evchan_core::EventChannel;
+use support::raw_cm::{event_for, routed, EVENT};
 use support::{port, step, v4};
 
 /// A listener on `port` and `n` clients connected to it, with the server ends.
@@ -177,7 +180,62 @@ async fn bad_ranges_are_refused_before_posting_and_the_connection_goes_on() {
     let bytes = rw.revoke().unwrap();
     assert_eq!(bytes.iter().filter(|b| **b != 0).count(), 2);
     drop(at);
-    step("close", client.close()).await.unwrap();
+    // After shutdown nothing more goes out, one-sided operations included.
+    let (mut tx, rx) = client.split();
+    tx.shutdown();
+    assert!(matches!(
+        tx.write(&there, 0, b"late").await,
+        Err(Error::ConnectionLost(Lost::Closed))
+    ));
+    assert!(matches!(
+        tx.fetch_add(&word, 0, 1).await,
+        Err(Error::ConnectionLost(Lost::Closed))
+    ));
+    drop((tx, rx));
+}
+
+/// A plain peer whose request grants no responder resources: a READ or an atomic toward it
+/// is refused with a typed error before posting (one it never answered would hold the send
+/// queue for good).
+#[tokio::test]
+async fn reads_toward_a_peer_that_grants_none_are_refused() {
+    require_device!();
+    let addr = v4(port(6));
+    let listener = Listener::bind(addr, Config::new()).await.unwrap();
+    let (done, wait_done) = std::sync::mpsc::channel::<()>();
+    let peer = tokio::task::spawn_blocking(move || {
+        let ch = EventChannel::new().unwrap();
+        let id = routed(&ch, addr);
+        let param = ConnParam::new().responder_resources(0).initiator_depth(0);
+        let id = id.connect(&param).map_err(|e| e.error).unwrap();
+        let ev = event_for(&ch, &id);
+        assert_eq!(ev.kind(), EventKind::ConnectResponse);
+        let id = id.establish(&ev).map_err(|e| e.error).unwrap();
+        ev.ack();
+        // Connected until the server is done.
+        let _ = wait_done.recv_timeout(EVENT);
+        drop(id);
+    });
+    let incoming = step("request", listener.accept()).await.unwrap();
+    let conn = step("accept", incoming.accept(&[])).await.unwrap();
+    assert!(!conn.is_evchan_peer());
+    let d = RemoteBuf::<RemoteReadWrite>::from_parts(0x1000, 64, 1).unwrap();
+    let a = RemoteBuf::<RemoteAtomic>::from_parts(0x1000, 64, 1).unwrap();
+    assert!(matches!(
+        conn.read(&d, 0, 8).await,
+        Err(Error::NoReadResources)
+    ));
+    assert!(matches!(
+        conn.fetch_add(&a, 0, 1).await,
+        Err(Error::NoReadResources)
+    ));
+    assert!(matches!(
+        conn.compare_swap(&a, 0, 0, 1).await,
+        Err(Error::NoReadResources)
+    ));
+    done.send(()).unwrap();
+    step("peer", peer).await.unwrap();
+    drop(conn);
 }
 
 #[tokio::test]

@@ -316,6 +316,17 @@ impl<A: Access> RemoteBuf<A> {
         })
     }
 
+    /// A descriptor from a peer's address, length and rkey as another protocol carries them
+    /// (rping's `struct rping_rdma_info`, say): untrusted, with the checks of
+    /// [`from_bytes`](Self::from_bytes) but the form's. The access `A` is the caller's claim;
+    /// a peer's device refuses what its rkey does not allow.
+    ///
+    /// # Errors
+    /// [`RemoteError::Empty`], [`RemoteError::Wraps`].
+    pub fn from_parts(addr: u64, len: u32, rkey: u32) -> std::result::Result<Self, RemoteError> {
+        Self::from_bytes(&Self::new(addr, len, rkey).to_bytes())
+    }
+
     /// The sub-range `offset..offset + len` (to hand a peer part of a grant).
     ///
     /// # Errors
@@ -328,8 +339,12 @@ impl<A: Access> RemoteBuf<A> {
         Ok(Self { addr, len, ..*self })
     }
 
-    /// The peer's address of `offset`, once `offset..offset + len` is inside the buffer.
-    pub(crate) fn range(&self, offset: u64, len: u64) -> std::result::Result<u64, RemoteError> {
+    /// The peer's address of `offset`, once `offset..offset + len` is inside the buffer (the
+    /// check the posts make).
+    ///
+    /// # Errors
+    /// [`RemoteError::OutOfBounds`].
+    pub fn range(&self, offset: u64, len: u64) -> std::result::Result<u64, RemoteError> {
         let end = offset.checked_add(len);
         if end.is_none_or(|e| e > u64::from(self.len)) {
             return Err(RemoteError::OutOfBounds {
@@ -342,8 +357,11 @@ impl<A: Access> RemoteBuf<A> {
         Ok(self.addr + offset)
     }
 
-    /// The address of the aligned 8-byte word at `offset`.
-    pub(crate) fn word(&self, offset: u64) -> std::result::Result<u64, RemoteError> {
+    /// The address of the aligned 8-byte word at `offset` (the check the atomics make).
+    ///
+    /// # Errors
+    /// [`RemoteError::OutOfBounds`], [`RemoteError::Misaligned`].
+    pub fn word(&self, offset: u64) -> std::result::Result<u64, RemoteError> {
         let addr = self.range(offset, 8)?;
         if addr % 8 != 0 {
             return Err(RemoteError::Misaligned { addr });
@@ -579,6 +597,16 @@ mod tests {
         assert_eq!((s.addr(), s.len(), s.rkey()), (0x1010, 16, 7));
         assert!(d.slice(56, 16).is_err());
         assert!(d.slice(0, 0).is_err());
+        let p = RemoteBuf::<RemoteWrite>::from_parts(0x2000, 64, 9).unwrap();
+        assert_eq!((p.addr(), p.len(), p.rkey()), (0x2000, 64, 9));
+        assert_eq!(
+            RemoteBuf::<RemoteWrite>::from_parts(0x2000, 0, 9),
+            Err(RemoteError::Empty)
+        );
+        assert_eq!(
+            RemoteBuf::<RemoteRead>::from_parts(u64::MAX - 7, 16, 9),
+            Err(RemoteError::Wraps)
+        );
     }
 
     proptest::proptest! {

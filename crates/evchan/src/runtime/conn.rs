@@ -110,6 +110,9 @@ pub(super) struct Conn<'s> {
     /// `Config::memory_budget`), held from its request and given back when the connection is
     /// released.
     pub(super) live: Option<[super::half_open::HalfOpen; 2]>,
+    /// The RDMA READs and atomics the peer takes as target at once, as its request or reply
+    /// said (0: none; our side asks for 1).
+    pub(super) reads: u8,
 }
 
 impl Conn<'_> {
@@ -138,6 +141,7 @@ impl Conn<'_> {
             last_activity: Instant::now(),
             half_open: None,
             live: None,
+            reads: 0,
         }
     }
 

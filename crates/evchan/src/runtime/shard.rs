@@ -77,6 +77,8 @@ pub(super) struct Migrated<'s> {
     ticket: HalfOpen,
     /// The listener's admission tickets (connections, memory), held for the connection's life.
     live: [HalfOpen; 2],
+    /// The RDMA READs and atomics the peer takes as target at once (its request's).
+    reads: u8,
 }
 
 struct Listening<'s> {

@@ -73,6 +73,9 @@ impl Path {
         let Some(objects) = &self.objects else {
             return Err(self.ended());
         };
+        if op.fetch != Fetch::Nothing && self.reads == 0 {
+            return Err(Error::NoReadResources);
+        }
         let Some(slot) = self.free_data.pop() else {
             return Ok(None);
         };
@@ -80,6 +83,7 @@ impl Path {
             Ok(posted) => {
                 let id = posted.wr_id();
                 self.posted_send.push_back((posted, Wr::Remote));
+                self.remote_in_flight += 1;
                 self.remote.insert(
                     id,
                     Entry {
@@ -112,6 +116,9 @@ impl Path {
     /// A one-sided operation completed: what it brought goes to its future (if still there),
     /// its slot back to the pool.
     pub(super) fn on_remote(&mut self, slot: Slot, wc: &WorkCompletion) {
+        self.remote_in_flight = self.remote_in_flight.saturating_sub(1);
+        let failed = (!wc.is_success() && wc.status() != WcStatus::WrFlush)
+            .then(|| self.removed_or(cm_map::wc_failure(false, wc.status(), self.max_recv)));
         let Some(entry) = self.remote.get_mut(&wc.wr_id()) else {
             // Its future was dropped.
             self.free_data.push(slot);
@@ -123,10 +130,10 @@ impl Path {
                 Fetch::Bytes => Fetched::Bytes(Bytes::copy_from_slice(slot.as_slice())),
                 Fetch::Word => Fetched::Word(atomic_result(&slot).unwrap_or_default()),
             })
-        } else if wc.status() == WcStatus::WrFlush {
-            Done::Flushed
+        } else if let Some(lost) = failed {
+            Done::Failed(lost)
         } else {
-            Done::Failed(cm_map::wc_failure(false, wc.status(), self.max_recv))
+            Done::Flushed
         });
         self.free_data.push(slot);
     }
@@ -169,6 +176,10 @@ impl Wire {
                     if let Some(e) = path.send_error() {
                         break Err(e);
                     }
+                    // A wait needs the runtime: known before posting, not after.
+                    if let Err(e) = super::current_runtime() {
+                        break Err(e);
+                    }
                     match path.post_remote(op) {
                         Ok(Some(id)) => op.posted = Some(id),
                         Ok(None) => {}
@@ -180,18 +191,15 @@ impl Wire {
                         op.posted = None;
                         break r;
                     }
-                    if path.stop.is_some() {
-                        // Reap what is there: it may have completed before the end.
-                        self.progress(&mut path, Some((Role::Remote, wait.place)));
-                        if let Some(r) = path.take_done(id) {
-                            op.posted = None;
-                            break r;
-                        }
-                        // It never completes (or only as a flush): its slot comes back then.
+                    if path.objects.is_none() {
+                        // Released: the QP is gone, its completion never comes (nor its
+                        // slot, which went with the pool).
                         path.remote.remove(&id);
                         op.posted = None;
                         break Err(path.ended());
                     }
+                    // Until then it completes, if only as a flush: an operation that took
+                    // effect is not reported failed because the connection is ending.
                 }
             }
             match self.busy_poll(path, Role::Remote, wait, cx) {

@@ -171,10 +171,12 @@ impl<'s> Shard<'s> {
             };
             let listener = *listener;
             let private_data = event.private_data().to_vec();
+            // The request's responder resources, as this side's initiator depth.
+            let reads = event.conn_info().map_or(0, |c| c.initiator_depth);
             let request = event.take_request();
             event.ack();
             if let Some(id) = request {
-                self.on_request(listener, id, &private_data);
+                self.on_request(listener, id, &private_data, reads);
             }
             return;
         }
@@ -207,7 +209,13 @@ impl<'s> Shard<'s> {
         }
     }
 
-    fn on_request(&mut self, listener: ConnId, id: CmId<'s, Requested>, private_data: &[u8]) {
+    fn on_request(
+        &mut self,
+        listener: ConnId,
+        id: CmId<'s, Requested>,
+        private_data: &[u8],
+        reads: u8,
+    ) {
         let Some(l) = self.listeners.get_mut(&listener) else {
             return;
         };
@@ -263,6 +271,7 @@ impl<'s> Shard<'s> {
             accept_queue,
             ticket,
             live: [live, memory],
+            reads,
         };
         if target == self.env.index {
             return self.on_migrated(m);
@@ -308,6 +317,7 @@ impl<'s> Shard<'s> {
         tracing::debug!(parent: &c.span, peer = ?peer_addr, "request");
         half_open(&mut c, m.ticket);
         c.live = Some(m.live);
+        c.reads = m.reads;
         c.peer = Some(m.peer);
         c.peer_addr = peer_addr;
         c.local_addr = local_addr;

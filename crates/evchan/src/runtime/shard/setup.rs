@@ -55,6 +55,13 @@ impl<'s> Shard<'s> {
             (IdState::Connecting(id), EventKind::Established) => match id.established(event) {
                 Ok(id) => {
                     c.id = IdState::Connected(id);
+                    // The reply's responder resources, as this side's initiator depth, for a
+                    // connection this side made. (A listener's connection, which holds its
+                    // admission tickets, had the request's: the passive side's `ESTABLISHED`
+                    // carries no parameters.)
+                    if c.live.is_none() {
+                        c.reads = event.conn_info().map_or(0, |i| i.initiator_depth);
+                    }
                     let peer_data = event.private_data().to_vec();
                     return self.on_established(conn, &peer_data);
                 }
@@ -148,7 +155,8 @@ impl<'s> Shard<'s> {
             }
             _ => None,
         };
-        wire.open(credits);
+        // Our side asks for 1 (`cm_map::conn_param`).
+        wire.open(credits, c.reads.min(1));
         c.phase = Phase::Open;
         c.deadline = None;
         c.half_open = None;
