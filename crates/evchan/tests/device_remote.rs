@@ -3,6 +3,10 @@
 //! the connection working; a lying rkey loses the connection with the device's remote access
 //! error; atomics from two connections count exactly; dropped futures lose no slot.
 
+/// The workspace's example of one-sided access, run as a test.
+#[allow(dead_code)]
+#[path = "../../../examples/remote_write.rs"]
+mod remote_write;
 mod support;
 
 use std::sync::Arc;
@@ -370,4 +374,13 @@ async fn operations_dropped_at_their_first_poll_lose_nothing() {
     }
     let landed = bytes[..100].iter().filter(|b| **b != 0).count();
     eprintln!("dropped in flight: {dropped} of 200; dropped writes that landed: {landed}");
+}
+
+/// `examples/remote_write.rs` runs: expose, hand over, write, add, revoke.
+#[tokio::test]
+async fn the_remote_write_example_runs() {
+    require_device!();
+    step("example", remote_write::run(v4(port(7))))
+        .await
+        .unwrap_or_else(|e| panic!("examples/remote_write.rs: {e}"));
 }
