@@ -15,16 +15,22 @@
 //!
 //! The bytes are ours again only after a revocation: [`Exposed::revoke`] deregisters the
 //! region (`ibv_dereg_mr`) and only when that succeeded gives the memory back as a
-//! [`Revoked`] buffer, a plain `[u8]`. After the deregistration the device refuses the rkey
-//! for every new request (the peer gets a remote access error). Whether a request the device
-//! had already started (a multi-packet WRITE whose first packet was accepted) can still place
-//! data after `ibv_dereg_mr` returned is the provider's: `ibv_dereg_mr(3)` does not say.
-//! rdma_rxe drops its reference to the region between packets only at the request's end; on
-//! the kernels where its deregistration waits for those references, the wait is bounded
-//! (`RXE_POOL_TIMEOUT`), so a peer that stalls such a WRITE past the bound could still write
-//! into the `Revoked` bytes. `revoke` therefore holds against a peer that is not in the middle
-//! of a multi-packet WRITE; the barrier that holds in every case (the peer's QP in the error
-//! state, or a memory window's invalidation) is not built yet.
+//! [`Revoked`] buffer, a plain `[u8]`. What holds then, step by step:
+//!
+//! - After `ibv_dereg_mr` the device refuses the rkey for every new request (the peer gets a
+//!   remote access error). `ibv_dereg_mr(3)` does not say what becomes of a request the
+//!   device is processing at that moment.
+//! - rdma_rxe (Linux 6.1, the soft-RoCE VM's kernel) looks the region up by its rkey for
+//!   every packet of a READ, WRITE or atomic (`check_rkey` in `rxe_resp.c`), and holds a
+//!   reference to it only while that packet is processed (`cleanup`). Its deregistration
+//!   takes the region out of the lookup table first, so no later packet finds it, then waits
+//!   until the references held are dropped (`__rxe_cleanup`: at most 50 s, with a kernel
+//!   warning past that). So once `revoke` returned, no packet of the peer's places data in
+//!   the bytes, a multi-packet WRITE in progress included: its remaining packets are refused
+//!   (the peer's WRITE fails with a remote access error and both QPs enter the error state),
+//!   and what it placed before stays. (Read in the driver's source; no test here races a
+//!   revocation with a WRITE in flight.)
+//! - Other providers: not established here.
 //!
 //! # The initiator side
 //!
