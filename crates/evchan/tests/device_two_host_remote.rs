@@ -1,0 +1,217 @@
+//! One-sided access across two VMs, where a request takes a real wire's time:
+//!
+//! - rping's protocol (`examples/rping.rs`, both sides) against the C `rping` of rdmacm-utils:
+//!   the C server in VM a serving our client in VM b, then our server in VM a serving the C
+//!   client in VM b with `-V` (which checks every ping's data);
+//! - operations dropped in flight: VM b's READs and WRITEs dropped right after their first
+//!   poll, while the request is on the wire, lose no slot, and each WRITE lands whole or not
+//!   at all in VM a's exposed memory.
+//!
+//! Each pair (`NAME_server` in VM a, `NAME_client` in VM b) runs under
+//! `cargo xtask test --two-hosts`; see `device_two_host.rs` for how to run one by hand.
+#![forbid(unsafe_code)]
+
+/// The workspace's rping example, both sides.
+#[allow(dead_code)]
+#[path = "../../../examples/rping.rs"]
+mod rping;
+mod support;
+#[path = "support/two_host.rs"]
+mod two_host;
+
+use std::time::Duration;
+
+use evchan::remote::{RemoteBuf, RemoteReadWrite};
+use evchan::{Config, Connection, Listener};
+use support::step;
+use support::tool::Tool;
+use two_host::{env_addr, role_is};
+
+/// The ports of the two pairs (fixed: the client must know them).
+const C_SERVER_PORT: u16 = 7481;
+const OUR_SERVER_PORT: u16 = 7482;
+const DROPPED_PORT: u16 = 7483;
+/// The dropped READs' size: 64 packets on the wire.
+const BIG: usize = 64 << 10;
+/// Pings per pair, and their size.
+const PINGS: u32 = 20;
+const SIZE: usize = 1000;
+/// The most a C half may take, the other VM's boot included.
+const TOOL_DEADLINE: Duration = Duration::from_secs(180);
+
+fn env(var: &str) -> String {
+    std::env::var(var).unwrap_or_else(|_| panic!("${var} is not set"))
+}
+
+#[tokio::test]
+async fn c_rping_server_our_client_server() {
+    require_device!();
+    if !role_is("server") {
+        return;
+    }
+    let tool = require_tool!("rping", "rdmacm-utils");
+    let port = C_SERVER_PORT.to_string();
+    let size = SIZE.to_string();
+    let server = Tool::spawn(
+        &tool,
+        &["-s", "-S", &size, "-a", &env("EVCHAN_SELF"), "-p", &port],
+    );
+    let out = tokio::task::spawn_blocking(move || server.wait(TOOL_DEADLINE))
+        .await
+        .unwrap();
+    assert!(out.status.success(), "rping -s failed: {out}");
+}
+
+#[tokio::test]
+async fn c_rping_server_our_client_client() {
+    require_device!();
+    if !role_is("client") {
+        return;
+    }
+    let addr = env_addr("EVCHAN_PEER", C_SERVER_PORT);
+    let connect = Connection::builder().config(rping::config()).connect(addr);
+    let mut conn = step("connect", connect).await.unwrap();
+    assert!(!conn.is_evchan_peer());
+    step("pings", rping::client(&mut conn, PINGS, SIZE, true))
+        .await
+        .unwrap_or_else(|e| panic!("pinging rping -s in VM a: {e}"));
+    step("close", conn.close()).await.unwrap();
+    eprintln!("c_rping_server_our_client_client: {PINGS} pings of {SIZE} bytes checked");
+}
+
+#[tokio::test]
+async fn our_rping_server_c_client_server() {
+    require_device!();
+    if !role_is("server") {
+        return;
+    }
+    let me = env_addr("EVCHAN_SELF", OUR_SERVER_PORT);
+    let listener = step("bind", Listener::bind(me, rping::config()))
+        .await
+        .unwrap();
+    let incoming = tokio::time::timeout(TOOL_DEADLINE, listener.accept())
+        .await
+        .expect("rping -c from VM b")
+        .unwrap();
+    let mut conn = step("accept", incoming.accept(&[])).await.unwrap();
+    assert!(!conn.is_evchan_peer());
+    let pings = step("serve", rping::serve(&mut conn))
+        .await
+        .unwrap_or_else(|e| panic!("serving rping -c: {e}"));
+    assert_eq!(pings, PINGS);
+    step("close", conn.close()).await.unwrap();
+}
+
+#[tokio::test]
+async fn our_rping_server_c_client_client() {
+    require_device!();
+    if !role_is("client") {
+        return;
+    }
+    let tool = require_tool!("rping", "rdmacm-utils");
+    let (port, size, count) = (
+        OUR_SERVER_PORT.to_string(),
+        SIZE.to_string(),
+        PINGS.to_string(),
+    );
+    let peer = env("EVCHAN_PEER");
+    let client = Tool::spawn(
+        &tool,
+        &[
+            "-c", "-V", "-C", &count, "-S", &size, "-a", &peer, "-p", &port,
+        ],
+    );
+    let out = tokio::task::spawn_blocking(move || client.wait(TOOL_DEADLINE))
+        .await
+        .unwrap();
+    assert!(out.status.success(), "rping -c -V failed: {out}");
+    assert!(!out.stderr.contains("mismatch"), "{out}");
+}
+
+#[tokio::test]
+async fn dropped_in_flight_server() {
+    require_device!();
+    if !role_is("server") {
+        return;
+    }
+    let me = env_addr("EVCHAN_SELF", DROPPED_PORT);
+    let config = Config::new().max_message(BIG as u32);
+    let listener = step("bind", Listener::bind(me, config)).await.unwrap();
+    let incoming = tokio::time::timeout(TOOL_DEADLINE, listener.accept())
+        .await
+        .expect("a connection from VM b")
+        .unwrap();
+    let mut conn = step("accept", incoming.accept(&[])).await.unwrap();
+    let exposed = conn.expose::<RemoteReadWrite>(BIG).unwrap();
+    step("send", conn.send(exposed.descriptor().to_bytes()))
+        .await
+        .unwrap();
+    // `done` and, for each of the first 100 WRITEs, 1 if its future was dropped before it
+    // completed.
+    let done = step("done", conn.recv()).await.unwrap().expect("done");
+    assert_eq!(&done[..4], b"done");
+    let dropped = &done[4..];
+    assert_eq!(dropped.len(), 100);
+    let bytes = exposed.revoke().unwrap();
+    // A WRITE that completed landed; a dropped one landed whole (its one byte) or, dropped
+    // before it was posted, not at all.
+    let mut landed_after_drop = 0;
+    for (i, b) in bytes[..100].iter().enumerate() {
+        if dropped[i] == 0 {
+            assert_eq!(
+                usize::from(*b),
+                i + 1,
+                "write {i} completed, its byte is {b}"
+            );
+        } else {
+            assert!(*b == 0 || usize::from(*b) == i + 1, "byte {i} is {b}");
+            landed_after_drop += u32::from(*b != 0);
+        }
+    }
+    eprintln!(
+        "dropped_in_flight_server: {} writes dropped, {landed_after_drop} of them landed",
+        dropped.iter().filter(|d| **d == 1).count()
+    );
+    // Dropped after its post, before its completion: the path under test was taken.
+    assert!(landed_after_drop > 0, "no write was dropped in flight");
+    assert_eq!(&bytes[1000..1100], &(0..100).collect::<Vec<u8>>()[..]);
+    step("end", conn.recv()).await.unwrap();
+    step("close", conn.close()).await.unwrap();
+}
+
+#[tokio::test]
+async fn dropped_in_flight_client() {
+    require_device!();
+    if !role_is("client") {
+        return;
+    }
+    let addr = env_addr("EVCHAN_PEER", DROPPED_PORT);
+    let config = Config::new().max_message(BIG as u32);
+    let connect = Connection::builder().config(config).connect(addr);
+    let mut conn = step("connect", connect).await.unwrap();
+    let msg = step("descriptor", conn.recv()).await.unwrap().unwrap();
+    let there = RemoteBuf::<RemoteReadWrite>::from_bytes(&msg).unwrap();
+    let mut dropped = Vec::new();
+    for i in 0..100u8 {
+        // `timeout` polls once (the operation posts, a slot being free), then drops it at the
+        // zero deadline: across the wire its completion has not come yet.
+        let read = tokio::time::timeout(Duration::ZERO, conn.read(&there, 0, BIG));
+        let _ = read.await;
+        let write = tokio::time::timeout(Duration::ZERO, conn.write(&there, u64::from(i), [i + 1]));
+        dropped.push(u8::from(write.await.is_err()));
+        // Their completions come meanwhile; the next operation's poll reaps them.
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // Every slot came back: 100 more writes (more than the connection's send slots) and a
+    // read go through.
+    for i in 0..100u8 {
+        step("write", conn.write(&there, 1000 + u64::from(i), [i]))
+            .await
+            .unwrap();
+    }
+    let back = step("read", conn.read(&there, 1000, 100)).await.unwrap();
+    assert_eq!(&back[..], &(0..100).collect::<Vec<u8>>()[..]);
+    let done = [&b"done"[..], &dropped].concat();
+    step("done", conn.send(done)).await.unwrap();
+    step("close", conn.close()).await.unwrap();
+}
