@@ -1,6 +1,7 @@
 //! `cargo xtask bench --tools [--quick]`: evchan against rdma-core's own tools, in one VM boot.
 //!
-//! Builds `examples/tools_cm.rs`, `tools_pingpong.rs`, `tools_stream.rs` and `tools_events.rs`
+//! Builds `examples/tools_cm.rs`, `tools_pingpong.rs`, `tools_stream.rs`, `tools_remote.rs`
+//! and `tools_events.rs`
 //! (release profile),
 //! then runs in one soft-RoCE VM, server and client in the same VM as the tools do, in rounds
 //! so that both sides of every ratio see the same conditions:
@@ -25,6 +26,10 @@
 //!   `tools_stream` (a task per connection on a 2-worker runtime, default `Config`), 64 B,
 //!   4 KiB and 64 KiB messages over one connection and 64 B over four, in event mode (`-e`)
 //!   and busy-polling;
+//! - one-sided operations: `tools_remote` (one `Connection`, current-thread runtime per
+//!   side) against perftest's `ib_read_lat -R [-e] -s 64`, `ib_atomic_lat -R [-e]` (each
+//!   operation's p50, post to completion), `ib_write_bw -R -s 65536` (which has no event
+//!   mode) and `ib_read_bw -R [-e] -s 65536` (`BW average`), in event mode and busy-polling;
 //! - CM events per second for 256 connections through 1, 2 and 4 event channels: the async
 //!   API's shards, and evchan-core with one thread per channel, each generating and reading
 //!   every event of whole connections; `drain`, the retrieval alone: 256 `ADDR_RESOLVED`
@@ -111,6 +116,51 @@ const STREAMS: &[(u32, u32, u32)] = &[
     (65536, 2000, 1),
     (64, 10_000, 4),
 ];
+/// The one-sided runs: (figure: `tools_remote`'s `mode-poll`, its flags, the perftest tool
+/// and its flags). `COUNT` stands for the operations of a run; `ib_write_bw` has no event
+/// mode, so both of ours are against its polling.
+const REMOTE: &[(&str, &str, &str)] = &[
+    (
+        "read-lat-event",
+        "--mode read-lat --size 64",
+        "ib_read_lat -e -s 64",
+    ),
+    (
+        "read-lat-busy",
+        "--mode read-lat --size 64 --busy-poll-us 1000",
+        "ib_read_lat -s 64",
+    ),
+    ("atomic-lat-event", "--mode atomic-lat", "ib_atomic_lat -e"),
+    (
+        "atomic-lat-busy",
+        "--mode atomic-lat --busy-poll-us 1000",
+        "ib_atomic_lat",
+    ),
+    (
+        "write-bw-event",
+        "--mode write-bw --size 65536 --window 16",
+        "ib_write_bw -s 65536",
+    ),
+    (
+        "write-bw-busy",
+        "--mode write-bw --size 65536 --window 16 --busy-poll-us 1000",
+        "ib_write_bw -s 65536",
+    ),
+    (
+        "read-bw-event",
+        "--mode read-bw --size 65536 --window 16",
+        "ib_read_bw -e -s 65536",
+    ),
+    (
+        "read-bw-busy",
+        "--mode read-bw --size 65536 --window 16 --busy-poll-us 1000",
+        "ib_read_bw -s 65536",
+    ),
+];
+/// The one-sided latency runs' operations, and the bandwidth runs' (before `stream_scale`).
+const REMOTE_LAT_OPS: u32 = 1000;
+const REMOTE_BW_OPS: u32 = 2000;
+
 /// The busy-poll window of the async ping-pong (longer than a round trip in the VM, so the
 /// shards never sleep between two messages, as `ib_send_lat -R` never does).
 const BUSY_POLL_US: u32 = 1000;
@@ -125,6 +175,8 @@ struct Plan {
     /// The throughput runs' message counts are [`STREAMS`]' divided by this.
     stream_scale: u32,
     event_rounds: u32,
+    /// The one-sided phase's rounds.
+    remote_rounds: u32,
 }
 
 /// Builds the programs, runs them and the tools in one VM boot, prints the markdown section
@@ -140,6 +192,7 @@ pub fn run(quick: bool) -> Result<(String, Vec<ToolRatio>)> {
             stream_rounds: 9,
             stream_scale: 4,
             event_rounds: 1,
+            remote_rounds: 5,
         }
     } else {
         Plan {
@@ -149,6 +202,7 @@ pub fn run(quick: bool) -> Result<(String, Vec<ToolRatio>)> {
             stream_rounds: 9,
             stream_scale: 1,
             event_rounds: 5,
+            remote_rounds: 9,
         }
     };
     let ok = cargo(&[
@@ -162,14 +216,16 @@ pub fn run(quick: bool) -> Result<(String, Vec<ToolRatio>)> {
         "--example",
         "tools_stream",
         "--example",
+        "tools_remote",
+        "--example",
         "tools_events",
     ])
     .status()
     .is_ok_and(|s| s.success());
     if !ok {
         return Err(
-            "building examples/tools_cm.rs, tools_pingpong.rs, tools_stream.rs, tools_events.rs \
-             failed"
+            "building examples/tools_cm.rs, tools_pingpong.rs, tools_stream.rs, tools_remote.rs, \
+             tools_events.rs failed"
                 .into(),
         );
     }

@@ -35,6 +35,11 @@ pub(super) struct Results {
     pub(super) event_counts: BTreeMap<String, Vec<u64>>,
     /// `drain`: the reads of each run that found no event queued and waited (`waits=`).
     pub(super) drain_waits: Vec<u64>,
+    /// (figure, "tool"|"ours") → the one-sided figure of each round: an operation's p50 (µs)
+    /// or MB/s; the figures are `tools_remote`'s `mode-poll` (`read-lat-event`, ...).
+    pub(super) remote: BTreeMap<(String, String), Rounds>,
+    /// The figure of the last `@@tools rem` marker: the next perftest result line is its.
+    rem_fig: Option<String>,
     /// The `mode` of the last `@@tools isl` marker: the next result line is its.
     isl_mode: Option<String>,
     /// The (mode, size, connections) of the last `@@tools isb` marker: the next result line
@@ -134,6 +139,15 @@ impl Results {
                 }
                 _ => self.failures.push(format!("no callgrind total: {line}")),
             }
+        } else if let Some(rest) = line.strip_prefix("@@tools rem fig=") {
+            self.rem_fig = Some(rest.trim().to_owned());
+        } else if let Some(rest) = line.strip_prefix("@tools remote ") {
+            let f = fields(rest);
+            let value = num(&f, "p50_us").or_else(|| num(&f, "mb_per_s"));
+            if let (Some(mode), Some(poll), Some(v)) = (f.get("mode"), f.get("poll"), value) {
+                let key = (format!("{mode}-{poll}"), "ours".to_owned());
+                put(&mut self.remote, key, self.round, v, &mut self.failures);
+            }
         } else if let Some(rest) = line.strip_prefix("@@tools isb ") {
             self.isb_run = stream_key(&fields(rest));
             if self.isb_run.is_none() {
@@ -221,6 +235,24 @@ impl Results {
                     put(&mut self.cm, key, self.round, *per, &mut self.failures);
                 }
             }
+        } else if let Some(fig) = self.rem_fig.clone() {
+            // perftest: a latency line (`#bytes #iterations t_min t_max t_typical ...`, the
+            // whole operation's time: READ and atomics are not halved) or a bandwidth line
+            // (`#bytes #iterations BW peak BW average MsgRate`).
+            let v: Vec<f64> = line
+                .split_whitespace()
+                .map(|t| t.parse().unwrap_or(f64::NAN))
+                .collect();
+            let value = match v.len() {
+                9 if v[0].is_finite() => Some(v[4]),
+                5 if v[0].is_finite() => Some(v[3]),
+                _ => None,
+            };
+            if let Some(value) = value.filter(|x| x.is_finite()) {
+                let key = (fig, "tool".to_owned());
+                put(&mut self.remote, key, self.round, value, &mut self.failures);
+                self.rem_fig = None;
+            }
         } else if let Some((mode, size, conns)) = self.isb_run.clone() {
             // perftest: `#bytes #iterations BW peak[MB/sec] BW average[MB/sec] MsgRate[Mpps]`.
             let v: Vec<f64> = line
@@ -283,8 +315,38 @@ mod tests {
             stream_rounds: 1,
             stream_scale: 1,
             event_rounds: 1,
+            remote_rounds: 1,
         };
         r.section(&plan, Duration::from_secs(1), "1", "1")
+    }
+
+    #[test]
+    fn parses_the_one_sided_rows() {
+        let mut r = Results::default();
+        for line in [
+            "@@tools round=2",
+            "@@tools rem fig=read-lat-event",
+            " #bytes #iterations    t_min[usec]    t_max[usec]  t_typical[usec]    t_avg[usec]    t_stdev[usec]   99% percentile[usec]   99.9% percentile[usec] ",
+            " 64      1000          154.42         702.56       219.35   \t       235.11      \t58.59  \t\t490.44  \t\t702.56 ",
+            "@tools remote mode=read-lat poll=event size=64 stats=n=1000,p50_us=152.35,p99_us=434.54,min_us=139.47,max_us=2031.33",
+            "@@tools rem fig=write-bw-busy",
+            " #bytes     #iterations    BW peak[MB/sec]    BW average[MB/sec]   MsgRate[Mpps]",
+            " 65536      2000             27.82              23.57  \t\t   0.000377",
+            "@tools remote mode=write-bw poll=busy size=65536 ops=2000 secs=7.240 mb_per_s=17.26",
+        ] {
+            r.add_line(line);
+        }
+        let get = |fig: &str, who: &str| r.remote[&(fig.to_owned(), who.to_owned())].clone();
+        assert_eq!(get("read-lat-event", "tool"), Rounds::from([(2, 219.35)]));
+        assert_eq!(get("read-lat-event", "ours"), Rounds::from([(2, 152.35)]));
+        assert_eq!(get("write-bw-busy", "tool"), Rounds::from([(2, 23.57)]));
+        assert_eq!(get("write-bw-busy", "ours"), Rounds::from([(2, 17.26)]));
+        assert!(r.failures.is_empty(), "{:?}", r.failures);
+        let text = section(&r, 1, 1, 300).text;
+        assert!(
+            text.contains("| READ 64 B latency p50, event mode vs `ib_read_lat -R -e -s 64` | 152 | 219 | 0.69 |"),
+            "{text}"
+        );
     }
 
     #[test]

@@ -7,7 +7,8 @@ use std::time::Duration;
 use super::parse::{Results, Rounds};
 use super::{
     Plan, BUSY_POLL_US, CG_DRIVERS, CG_ITERS, CG_WARMUP, CHANNELS, DRAIN_ROUNDS, DRIVERS,
-    EVENT_CONNS, EVENT_LAYERS, IN_FLIGHT, LAYERS, STEPS, STREAMS,
+    EVENT_CONNS, EVENT_LAYERS, IN_FLIGHT, LAYERS, REMOTE, REMOTE_BW_OPS, REMOTE_LAT_OPS, STEPS,
+    STREAMS,
 };
 
 /// What begins the name of every tracked ratio of the tools run (and of no criterion row).
@@ -220,6 +221,7 @@ impl Results {
         }
         self.instructions(&mut out);
         self.throughput(&mut out, plan, header);
+        self.one_sided(&mut out, plan, header);
 
         let _ = write!(
             out,
@@ -427,6 +429,66 @@ impl Results {
                     Track::Rate,
                 );
             }
+        }
+    }
+}
+
+impl Results {
+    /// The one-sided table: `tools_remote` against perftest's READ, atomic and WRITE tools.
+    fn one_sided(&self, out: &mut Section, plan: &Plan, header: &str) {
+        let _ = write!(
+            out,
+            "\n### One-sided operations\n\n\
+             Ours: `tools_remote` (one `Connection`, default `Config` but for `max_message`, \
+             raised to the size, and `send_depth` 16; a current-thread runtime per side): \
+             latency is one operation at a time, {REMOTE_LAT_OPS} of them, each timed from its \
+             call to its completion (the p50, µs): a READ of 64 B or a fetch-and-add; \
+             bandwidth is {} READs or WRITEs of 64 KiB by 16 tasks on the connection, each \
+             copied through a send slot (MB/s, 2^20 bytes). Baseline: `ib_read_lat -R [-e] -s \
+             64` and `ib_atomic_lat -R [-e]` (`t_typical`: a READ's or an atomic's whole time, \
+             not halved), `ib_write_bw -R -s 65536` (no event mode: both of ours against its \
+             polling) and `ib_read_bw -R [-e] -s 65536` (`BW average`), each right before ours; \
+             {} rounds. Busy-poll: `Config::busy_poll({BUSY_POLL_US} µs)`.\n\n",
+            (REMOTE_BW_OPS / plan.stream_scale).max(1),
+            plan.remote_rounds
+        );
+        out.push_str(header);
+        for (fig, _, tool) in REMOTE {
+            let get = |who: &str| {
+                self.remote
+                    .get(&((*fig).to_owned(), who.to_owned()))
+                    .cloned()
+                    .unwrap_or_default()
+            };
+            let busy = fig.ends_with("-busy");
+            let mode = if busy { "busy-poll" } else { "event mode" };
+            let (bin, args) = tool.split_once(' ').unwrap_or((tool, ""));
+            let tool = format!(
+                "`{bin} -R{}{}`",
+                if args.is_empty() { "" } else { " " },
+                args
+            );
+            let (name, target, track) = match &fig[..fig.find('-').unwrap_or(0)] {
+                "read" if fig.contains("-lat-") => {
+                    ("READ 64 B latency p50", Target::AtMost(1.15), Track::Time)
+                }
+                "atomic" => (
+                    "fetch-and-add latency p50",
+                    Target::AtMost(1.15),
+                    Track::Time,
+                ),
+                "write" => ("MB/s, WRITE 64 KiB", Target::AtLeast(0.95), Track::Rate),
+                _ => ("MB/s, READ 64 KiB", Target::AtLeast(0.95), Track::Rate),
+            };
+            row_text(
+                out,
+                &format!("{name}, {mode} vs {tool}"),
+                &get("ours"),
+                &get("tool"),
+                "",
+                Some(target),
+                track,
+            );
         }
     }
 }

@@ -6,7 +6,7 @@ use std::path::Path;
 
 use super::{
     Plan, ADDR, BUSY_POLL_US, CG_DRIVERS, CG_ITERS, CG_WARMUP, CHANNELS, CONNS, DRAIN_ROUNDS,
-    DRIVERS, EVENT_CONNS, IN_FLIGHT, LAYERS, STREAMS,
+    DRIVERS, EVENT_CONNS, IN_FLIGHT, LAYERS, REMOTE, REMOTE_BW_OPS, REMOTE_LAT_OPS, STREAMS,
 };
 use crate::vm;
 
@@ -49,6 +49,11 @@ pub(super) fn script(examples: &Path, plan: &Plan) -> String {
          \x20 wait $s\n\
          \x20 t=$(callgrind_annotate /tmp/evchan-cg.out 2>/dev/null | awk '/PROGRAM TOTALS/ {{gsub(\",\", \"\", $1); print $1}}')\n\
          \x20 echo \"@@tools cg iters=$n total=$t flags=$*\"\n\
+         }}\n\
+         rt() {{\n\
+         \x20 timeout 300 $E/tools_remote --serve $A:7493 \"$@\" >/dev/null & s=$!\n\
+         \x20 timeout 300 $E/tools_remote --connect $A:7493 \"$@\" || {{ kill $s; fail tools_remote \"$@\"; }}\n\
+         \x20 wait $s\n\
          }}\n\
          pp() {{\n\
          \x20 timeout 300 $E/tools_pingpong --serve $A:7490 \"$@\" & s=$!\n\
@@ -122,6 +127,20 @@ pub(super) fn script(examples: &Path, plan: &Plan) -> String {
             let _ = writeln!(s, "st {run}");
             let _ = writeln!(s, "isb 'mode=busy {what}' -s {size} -n {count}{q}");
             let _ = writeln!(s, "st {run} --busy-poll-us {BUSY_POLL_US}");
+        }
+    }
+    s.push_str("echo '@@tools phase one-sided'\n");
+    for round in 1..=plan.remote_rounds {
+        let _ = writeln!(s, "echo '@@tools round={round}'");
+        for (fig, ours, tool) in REMOTE {
+            let n = if fig.contains("-bw-") {
+                (REMOTE_BW_OPS / plan.stream_scale).max(1)
+            } else {
+                REMOTE_LAT_OPS
+            };
+            let (bin, args) = tool.split_once(' ').unwrap_or((tool, ""));
+            let _ = writeln!(s, "perf {bin} 'rem fig={fig}' {args} -n {n}");
+            let _ = writeln!(s, "rt {ours} --iters {n}");
         }
     }
     s.push_str("echo '@@tools phase events'\n");
@@ -222,6 +241,7 @@ mod tests {
             stream_rounds,
             stream_scale: 2,
             event_rounds: 2,
+            remote_rounds: 2,
         }
     }
 
