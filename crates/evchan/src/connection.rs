@@ -266,6 +266,9 @@ impl Connection {
     /// peer that does not read keeps the close waiting (a dead one ends it with the
     /// transport's retries).
     ///
+    /// One-sided operations ([`crate::remote`]) are not messages: their own futures report
+    /// their results, and `close`'s covers the messages alone.
+    ///
     /// Cancel safety: dropping the future leaves the close to finish in the background.
     pub async fn close(self) -> Result<()> {
         // A failure here (no I/O driver in this runtime) leaves the wait to the shard.

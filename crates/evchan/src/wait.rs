@@ -270,8 +270,8 @@ impl Waiters {
     }
 
     /// The wakers of what concerns the lines of `mask` (bits of [`Role::bit`]), into `taken`:
-    /// the receiver, the first sender, every closer, every one-sided operation; not `except`, the caller (a role and its
-    /// place). The caller wakes them, after its locks.
+    /// the receiver, the first sender, every closer, every one-sided operation; not `except`,
+    /// the caller (a role and its place). The caller wakes them, after its locks.
     #[inline]
     pub(crate) fn wake_lines(&self, mask: u8, except: Option<(Role, Place)>, taken: &mut Taken) {
         if mask & self.held.load(Ordering::SeqCst) == 0 {

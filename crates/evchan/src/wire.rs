@@ -245,8 +245,8 @@ pub(crate) enum Heard {
     Lost,
     /// The close the shard waits for is ready (the `FIN` completed, or the connection ended).
     Closable,
-    /// No send of ours is in flight any more (or the connection ended): a deferred disconnect
-    /// may go.
+    /// No send of ours (nor one-sided operation) is in flight any more (or the connection
+    /// ended): a deferred disconnect may go.
     Quiet,
 }
 
@@ -698,6 +698,11 @@ impl Wire {
     pub(crate) fn release(&self, why: Lost) {
         let objects = {
             let mut path = self.lock();
+            // What completed before goes to its owner first (a one-sided operation that took
+            // effect is then not reported failed); the QP's end is expected, its flushes are
+            // no loss.
+            path.ending = true;
+            path.progress();
             if path.sends_in_flight > 0 {
                 path.undelivered = true;
             }
@@ -1070,42 +1075,57 @@ impl Path {
         self.flush_ctrl();
     }
 
+    /// Makes sure the hub is registered with the current runtime's reactor, and finishes a
+    /// drain left to this runtime's next wait ([`crate::hub::Watch`]); the wakers that drain
+    /// found are owed (woken once the lock goes: a waker may take it).
+    ///
+    /// # Errors
+    /// [`Error::Config`] outside a tokio runtime, on one without its I/O driver, or on one
+    /// that is shutting down.
+    fn watch_here(&mut self) -> Result<()> {
+        let Some(objects) = self.objects.as_ref() else {
+            return Ok(());
+        };
+        let runtime = current_runtime()?;
+        let live = self
+            .watched
+            .as_ref()
+            .is_some_and(|(id, w)| *id == runtime && !w.is_dead());
+        let mut found = Vec::new();
+        if !live {
+            let (w, first) = objects.route.hub().watch(runtime)?;
+            found = first;
+            self.watched = Some((runtime, w));
+        }
+        let (_, w) = self.watched.as_ref().expect("set above");
+        w.resume(objects.route.cq(), &mut found);
+        let dead = w.is_dead();
+        for w in found {
+            self.owed.push(w);
+        }
+        if dead {
+            // The runtime shut down under the drain.
+            self.watched = None;
+            return Err(Error::Config(
+                "the tokio runtime of this wait is shutting down".into(),
+            ));
+        }
+        Ok(())
+    }
+
     /// Arms the CQ and polls it once more: `Ready` with the completions found (handled),
     /// `Pending` when none came — then the CQ's next completion raises an event on the shard's
     /// hub, which wakes the waiters (registered before this call), and the hub is registered
     /// with the current runtime's reactor (see [`crate::hub`]) unless `watch` is false.
     /// `watch`: make sure of the registration (all but the shard's own timed waits).
     fn poll_wait(&mut self, watch: bool) -> Poll<Result<usize>> {
-        let Some(objects) = self.objects.as_ref() else {
+        if self.objects.is_none() {
             return Poll::Ready(Ok(0));
-        };
-        if watch {
-            let runtime = current_runtime()?;
-            let live = self
-                .watched
-                .as_ref()
-                .is_some_and(|(id, w)| *id == runtime && !w.is_dead());
-            let mut found = Vec::new();
-            if !live {
-                let (w, first) = objects.route.hub().watch(runtime)?;
-                found = first;
-                self.watched = Some((runtime, w));
-            }
-            let (_, w) = self.watched.as_ref().expect("set above");
-            w.resume(objects.route.cq(), &mut found);
-            let dead = w.is_dead();
-            // Woken once the lock goes (a waker may take it).
-            for w in found {
-                self.owed.push(w);
-            }
-            if dead {
-                // The runtime shut down under the drain.
-                self.watched = None;
-                return Poll::Ready(Err(Error::Config(
-                    "the tokio runtime of this wait is shutting down".into(),
-                )));
-            }
         }
+        if watch {
+            self.watch_here()?;
+        }
+        let objects = self.objects.as_ref().expect("checked above");
         if let Err(e) = objects.cq.cq().req_notify(false) {
             self.lose(Lost::Verbs(e.to_string()));
             return Poll::Ready(Ok(0));

@@ -14,9 +14,9 @@ use std::time::Duration;
 
 use evchan::remote::{RemoteAtomic, RemoteBuf, RemoteError, RemoteRead, RemoteReadWrite};
 use evchan::{Config, Connection, Error, Listener, Lost};
-use evchan_core::cm::{ConnParam, EventKind};
+use evchan_core::cm::{ConnParam, EventKind, PortSpace};
 use evchan_core::verbs::WcStatus;
-use evchan_core::EventChannel;
+use evchan_core::{CmId, EventChannel};
 use support::raw_cm::{event_for, routed, EVENT};
 use support::{port, step, v4};
 
@@ -374,6 +374,68 @@ async fn operations_dropped_at_their_first_poll_lose_nothing() {
     }
     let landed = bytes[..100].iter().filter(|b| **b != 0).count();
     eprintln!("dropped in flight: {dropped} of 200; dropped writes that landed: {landed}");
+}
+
+/// The other side of [`reads_toward_a_peer_that_grants_none_are_refused`]: a plain listener
+/// whose reply grants no responder resources; our connection to it refuses READ and atomics.
+#[tokio::test]
+async fn reads_toward_a_listener_that_grants_none_are_refused() {
+    require_device!();
+    let addr = v4(port(8));
+    let (listening, is_listening) = tokio::sync::oneshot::channel::<()>();
+    let (done, wait_done) = std::sync::mpsc::channel::<()>();
+    let peer = tokio::task::spawn_blocking(move || {
+        let ch = EventChannel::new().unwrap();
+        let _listener = CmId::new(&ch, PortSpace::Tcp)
+            .unwrap()
+            .bind(addr)
+            .unwrap()
+            .listen(1)
+            .unwrap();
+        listening.send(()).unwrap();
+        let mut ev = next_event(&ch, EventKind::ConnectRequest);
+        let id = ev.take_request().expect("the request's id");
+        ev.ack();
+        let param = ConnParam::new().responder_resources(0).initiator_depth(0);
+        let id = id.accept(&param).map_err(|e| e.error).unwrap();
+        let ev = next_event(&ch, EventKind::Established);
+        let id = id.established(&ev).map_err(|e| e.error).unwrap();
+        ev.ack();
+        let _ = wait_done.recv_timeout(EVENT);
+        drop(id);
+    });
+    step("listening", is_listening).await.unwrap();
+    let conn = step("connect", Connection::connect(addr)).await.unwrap();
+    assert!(!conn.is_evchan_peer());
+    let d = RemoteBuf::<RemoteReadWrite>::from_parts(0x1000, 64, 1).unwrap();
+    let a = RemoteBuf::<RemoteAtomic>::from_parts(0x1000, 64, 1).unwrap();
+    assert!(matches!(
+        conn.read(&d, 0, 8).await,
+        Err(Error::NoReadResources)
+    ));
+    assert!(matches!(
+        conn.fetch_add(&a, 0, 1).await,
+        Err(Error::NoReadResources)
+    ));
+    done.send(()).unwrap();
+    step("peer", peer).await.unwrap();
+    drop(conn);
+}
+
+/// The next event of `kind` on `ch` (others are acked and dropped), within [`EVENT`].
+fn next_event(ch: &EventChannel, kind: EventKind) -> evchan_core::CmEvent<'_> {
+    let until = std::time::Instant::now() + EVENT;
+    loop {
+        let left = until.saturating_duration_since(std::time::Instant::now());
+        let ev = ch
+            .get_event_timeout(left)
+            .unwrap()
+            .unwrap_or_else(|| panic!("no {kind:?} within {EVENT:?}"));
+        if ev.kind() == kind {
+            return ev;
+        }
+        ev.ack();
+    }
 }
 
 /// `examples/remote_write.rs` runs: expose, hand over, write, add, revoke.

@@ -113,6 +113,8 @@ pub(super) struct Conn<'s> {
     /// The RDMA READs and atomics the peer takes as target at once, as its request or reply
     /// said (0: none; our side asks for 1).
     pub(super) reads: u8,
+    /// This side connects (`Connection::connect`); a listener's connection otherwise.
+    pub(super) active: bool,
 }
 
 impl Conn<'_> {
@@ -142,6 +144,7 @@ impl Conn<'_> {
             half_open: None,
             live: None,
             reads: 0,
+            active: false,
         }
     }
 

@@ -176,8 +176,8 @@ impl Wire {
                     if let Some(e) = path.send_error() {
                         break Err(e);
                     }
-                    // A wait needs the runtime: known before posting, not after.
-                    if let Err(e) = super::current_runtime() {
+                    // A wait needs the runtime's reactor: known before posting, not after.
+                    if let Err(e) = path.watch_here() {
                         break Err(e);
                     }
                     match path.post_remote(op) {

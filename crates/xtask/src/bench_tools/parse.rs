@@ -117,6 +117,11 @@ impl Results {
             // cmtime 44 reports a failed connection this way and goes on with the others:
             // its figures of that run then cover fewer connections.
             self.failures.push(format!("cmtime: {line}"));
+        } else if line == "@@tools reset" {
+            // A failed tool's output follows: no figure's.
+            self.rem_fig = None;
+            self.isb_run = None;
+            self.isl_mode = None;
         } else if let Some(rest) = line.strip_prefix("@@tools round=") {
             match rest.parse() {
                 Ok(n) => self.round = n,
@@ -243,9 +248,17 @@ impl Results {
                 .split_whitespace()
                 .map(|t| t.parse().unwrap_or(f64::NAN))
                 .collect();
+            // The figure's size: 8 (an atomic), 64 (a READ's latency), 64 KiB (bandwidth).
+            let size = if fig.starts_with("atomic") {
+                8.0
+            } else if fig.contains("-lat-") {
+                64.0
+            } else {
+                65536.0
+            };
             let value = match v.len() {
-                9 if v[0].is_finite() => Some(v[4]),
-                5 if v[0].is_finite() => Some(v[3]),
+                9 if v[0] == size => Some(v[4]),
+                5 if v[0] == size => Some(v[3]),
                 _ => None,
             };
             if let Some(value) = value.filter(|x| x.is_finite()) {

@@ -29,7 +29,7 @@ pub(super) fn script(examples: &Path, plan: &Plan) -> String {
          \x20   kill $s 2>/dev/null; wait $s 2>/dev/null\n\
          \x20   if [ $rc = 0 ]; then echo \"@@tools $marker\"; echo \"$out\"; return; fi\n\
          \x20 done\n\
-         \x20 echo \"$out\"; fail \"$bin $marker\"\n\
+         \x20 echo '@@tools reset'; echo \"$out\"; fail \"$bin $marker\"\n\
          }}\n\
          isl() {{ mode=$1; shift; perf ib_send_lat \"isl mode=$mode\" \"$@\"; }}\n\
          isb() {{ what=$1; shift; perf ib_send_bw \"isb $what\" \"$@\"; }}\n\

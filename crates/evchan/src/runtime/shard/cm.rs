@@ -51,6 +51,7 @@ impl<'s> Shard<'s> {
         c.private_data = private_data;
         c.reply = Some(reply);
         c.peer_addr = Some(addr);
+        c.active = true;
         self.by_key.insert(key, conn);
         self.conns.insert(conn, c);
     }
@@ -120,7 +121,10 @@ impl<'s> Shard<'s> {
             unreachable!("checked above")
         };
         let wire = handshake(c);
-        match id.accept(&conn_param(&wire, c.config.retry_count)) {
+        // Our initiator depth within the responder resources the request granted (the IB CM's
+        // rule for the reply); 0 where it granted none.
+        let param = conn_param(&wire, c.config.retry_count).initiator_depth(c.reads.min(1));
+        match id.accept(&param) {
             Ok(id) => c.id = IdState::Connecting(id),
             Err(e) => {
                 c.id = IdState::Requested(e.id);

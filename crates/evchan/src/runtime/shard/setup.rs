@@ -56,10 +56,9 @@ impl<'s> Shard<'s> {
                 Ok(id) => {
                     c.id = IdState::Connected(id);
                     // The reply's responder resources, as this side's initiator depth, for a
-                    // connection this side made. (A listener's connection, which holds its
-                    // admission tickets, had the request's: the passive side's `ESTABLISHED`
-                    // carries no parameters.)
-                    if c.live.is_none() {
+                    // connection this side made. (A listener's connection had the request's:
+                    // the passive side's `ESTABLISHED` carries no parameters.)
+                    if c.active {
                         c.reads = event.conn_info().map_or(0, |i| i.initiator_depth);
                     }
                     let peer_data = event.private_data().to_vec();
