@@ -223,20 +223,7 @@ async fn reads_toward_a_peer_that_grants_none_are_refused() {
     let incoming = step("request", listener.accept()).await.unwrap();
     let conn = step("accept", incoming.accept(&[])).await.unwrap();
     assert!(!conn.is_evchan_peer());
-    let d = RemoteBuf::<RemoteReadWrite>::from_parts(0x1000, 64, 1).unwrap();
-    let a = RemoteBuf::<RemoteAtomic>::from_parts(0x1000, 64, 1).unwrap();
-    assert!(matches!(
-        conn.read(&d, 0, 8).await,
-        Err(Error::NoReadResources)
-    ));
-    assert!(matches!(
-        conn.fetch_add(&a, 0, 1).await,
-        Err(Error::NoReadResources)
-    ));
-    assert!(matches!(
-        conn.compare_swap(&a, 0, 0, 1).await,
-        Err(Error::NoReadResources)
-    ));
+    assert_reads_refused(&conn).await;
     done.send(()).unwrap();
     step("peer", peer).await.unwrap();
     drop(conn);
@@ -407,19 +394,23 @@ async fn reads_toward_a_listener_that_grants_none_are_refused() {
     step("listening", is_listening).await.unwrap();
     let conn = step("connect", Connection::connect(addr)).await.unwrap();
     assert!(!conn.is_evchan_peer());
-    let d = RemoteBuf::<RemoteReadWrite>::from_parts(0x1000, 64, 1).unwrap();
-    let a = RemoteBuf::<RemoteAtomic>::from_parts(0x1000, 64, 1).unwrap();
-    assert!(matches!(
-        conn.read(&d, 0, 8).await,
-        Err(Error::NoReadResources)
-    ));
-    assert!(matches!(
-        conn.fetch_add(&a, 0, 1).await,
-        Err(Error::NoReadResources)
-    ));
+    assert_reads_refused(&conn).await;
     done.send(()).unwrap();
     step("peer", peer).await.unwrap();
     drop(conn);
+}
+
+/// READ, fetch-and-add and compare-and-swap on `conn` are refused before posting, with
+/// [`Error::NoReadResources`] (the descriptor names nothing real: nothing may be posted).
+async fn assert_reads_refused(conn: &Connection) {
+    let d = RemoteBuf::<RemoteReadWrite>::from_parts(0x1000, 64, 1).unwrap();
+    let a = RemoteBuf::<RemoteAtomic>::from_parts(0x1000, 64, 1).unwrap();
+    let read = conn.read(&d, 0, 8).await;
+    assert!(matches!(read, Err(Error::NoReadResources)), "{read:?}");
+    let add = conn.fetch_add(&a, 0, 1).await;
+    assert!(matches!(add, Err(Error::NoReadResources)), "{add:?}");
+    let cas = conn.compare_swap(&a, 0, 0, 1).await;
+    assert!(matches!(cas, Err(Error::NoReadResources)), "{cas:?}");
 }
 
 /// The next event of `kind` on `ch` (others are acked and dropped), within [`EVENT`].
