@@ -3,9 +3,9 @@
 //! - rping's protocol (`examples/rping.rs`, both sides) against the C `rping` of rdmacm-utils:
 //!   the C server in VM a serving our client in VM b, then our server in VM a serving the C
 //!   client in VM b with `-V` (which checks every ping's data);
-//! - operations dropped in flight: VM b's READs and WRITEs dropped right after their first
-//!   poll, while the request is on the wire, lose no slot, and each WRITE lands whole or not
-//!   at all in VM a's exposed memory.
+//! - operations dropped in flight: VM b's READs and WRITEs dropped (or forgotten) right after
+//!   their first poll, while the request is on the wire, lose no slot, and each dropped
+//!   one-byte WRITE landed or not in VM a's exposed memory (every completed one did).
 //!
 //! Each pair (`NAME_server` in VM a, `NAME_client` in VM b) runs under
 //! `cargo xtask test --two-hosts`; see `device_two_host.rs` for how to run one by hand.
@@ -193,12 +193,18 @@ async fn dropped_in_flight_client() {
     let there = RemoteBuf::<RemoteReadWrite>::from_bytes(&msg).unwrap();
     let mut dropped = Vec::new();
     for i in 0..100u8 {
-        // `timeout` polls once (the operation posts, a slot being free), then drops it at the
-        // zero deadline: across the wire its completion has not come yet.
-        let read = tokio::time::timeout(Duration::ZERO, conn.read(&there, 0, BIG));
-        let _ = read.await;
-        let write = tokio::time::timeout(Duration::ZERO, conn.write(&there, u64::from(i), [i + 1]));
-        dropped.push(u8::from(write.await.is_err()));
+        // `timeout` polls once (the operation posts, a slot being free) and gives up at the
+        // zero deadline: across the wire its completion has not come yet. Then the future is
+        // dropped, or, every other time, forgotten (`mem::forget`: its drop never runs).
+        let mut read = Box::pin(conn.read(&there, 0, BIG));
+        let _ = tokio::time::timeout(Duration::ZERO, &mut read).await;
+        let mut write = Box::pin(conn.write(&there, u64::from(i), [i + 1]));
+        let polled = tokio::time::timeout(Duration::ZERO, &mut write).await;
+        dropped.push(u8::from(polled.is_err()));
+        if i % 2 == 1 {
+            std::mem::forget(read);
+            std::mem::forget(write);
+        }
         // Their completions come meanwhile; the next operation's poll reaps them.
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
