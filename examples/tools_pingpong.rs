@@ -207,19 +207,7 @@ async fn serve(addr: SocketAddr, config: Config) -> Result<(), Error> {
 
 async fn client(addr: SocketAddr, config: Config, a: &Args) -> Result<(), Error> {
     let deadline = Instant::now() + Duration::from_secs(60);
-    let mut conn = loop {
-        match Connection::builder()
-            .config(config.clone())
-            .connect(addr)
-            .await
-        {
-            Ok(c) => break c,
-            Err(Error::Rejected { reason, .. }) if reason.0 == 8 && Instant::now() < deadline => {
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-            Err(e) => return Err(e),
-        }
-    };
+    let mut conn = tools_support::connect_when_listening(addr, &config, deadline).await?;
     let rtt = round_trips(a, &mut conn).await?;
     conn.close().await?;
     let driver = if a.multi_thread { "multi" } else { "current" };

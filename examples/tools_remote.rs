@@ -132,24 +132,6 @@ async fn serve(addr: SocketAddr, config: Config, a: &Args) -> Result<(), Error> 
     conn.close().await
 }
 
-async fn connect(addr: SocketAddr, config: Config) -> Result<Connection, Error> {
-    let start = Instant::now();
-    loop {
-        match Connection::builder()
-            .config(config.clone())
-            .connect(addr)
-            .await
-        {
-            Err(Error::Rejected { reason, .. })
-                if reason.0 == 8 && start.elapsed() < Duration::from_secs(30) =>
-            {
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-            r => return r,
-        }
-    }
-}
-
 /// The peer's exposed bytes and word.
 struct There {
     bytes: RemoteBuf<RemoteReadWrite>,
@@ -166,7 +148,8 @@ async fn op(conn: &Connection, mode: &str, there: &There, data: &[u8]) -> Result
 }
 
 async fn client(addr: SocketAddr, config: Config, a: &Args) -> Result<(), Error> {
-    let mut conn = connect(addr, config).await?;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut conn = tools_support::connect_when_listening(addr, &config, deadline).await?;
     let bytes = conn.recv().await?.ok_or(Error::PeerClosed)?;
     let word = conn.recv().await?.ok_or(Error::PeerClosed)?;
     let there = There {

@@ -25,7 +25,7 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use evchan::{Config, Connection, Error, Listener};
+use evchan::{Config, Error, Listener};
 
 mod tools_support;
 use tools_support::{emit, fail, Cli};
@@ -168,17 +168,7 @@ async fn client(addr: SocketAddr, config: Config, a: &Args) -> Result<(), Error>
     let deadline = Instant::now() + Duration::from_secs(60);
     let mut conns = Vec::new();
     while conns.len() < a.conns {
-        match Connection::builder()
-            .config(config.clone())
-            .connect(addr)
-            .await
-        {
-            Ok(c) => conns.push(c),
-            Err(Error::Rejected { reason, .. }) if reason.0 == 8 && Instant::now() < deadline => {
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-            Err(e) => return Err(e),
-        }
+        conns.push(tools_support::connect_when_listening(addr, &config, deadline).await?);
     }
     let msg = Bytes::from(vec![0x5au8; a.size]);
     let start = Instant::now();

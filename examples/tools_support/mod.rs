@@ -11,7 +11,7 @@ use std::fmt::Write as _;
 use std::net::SocketAddr;
 use std::ops::RangeInclusive;
 use std::str::FromStr;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Summary of a set of samples, in microseconds.
 #[derive(Debug, Clone, Copy)]
@@ -88,6 +88,30 @@ pub fn device_present(program: &str) -> bool {
         Err(e) => {
             eprintln!("skipping {program}: {e} (run `cargo xtask bench --tools`)");
             false
+        }
+    }
+}
+
+/// Connects to `addr` with `config`, again every 50 ms while the request is rejected with
+/// reason 8 (nobody listens there yet: the server is still starting) and `deadline` has not
+/// passed.
+pub async fn connect_when_listening(
+    addr: SocketAddr,
+    config: &evchan::Config,
+    deadline: Instant,
+) -> Result<evchan::Connection, evchan::Error> {
+    loop {
+        match evchan::Connection::builder()
+            .config(config.clone())
+            .connect(addr)
+            .await
+        {
+            Err(evchan::Error::Rejected { reason, .. })
+                if reason.0 == 8 && Instant::now() < deadline =>
+            {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            r => return r,
         }
     }
 }

@@ -146,10 +146,8 @@ impl Path {
 
     /// The result of `id`'s operation, once it completed (taken out of the table).
     fn take_done(&mut self, id: u64) -> Option<Result<Fetched>> {
-        if self.remote.get(&id).is_none_or(|e| e.done.is_none()) {
-            return None;
-        }
-        let done = self.remote.remove(&id)?.done?;
+        let done = self.remote.get_mut(&id)?.done.take()?;
+        self.remote.remove(&id);
         Some(match done {
             Done::Ok(f) => Ok(f),
             Done::Failed(lost) => Err(Error::ConnectionLost(lost)),
