@@ -11,6 +11,10 @@
 //!   untouched, and the connection is over (a later request fails);
 //! - a revoked region: the peer's old rkey gets a remote access error, and the memory given
 //!   back holds what was written before the revocation.
+//! - registered buffers as the local side (`post_write_mr`, `post_read_mr`, `post_send_mr`):
+//!   a WRITE and a READ larger than any slot move the bytes without a copy, the region coming
+//!   back only with the completion; a range outside, a length beyond the buffer and a buffer of
+//!   another PD are refused before posting, the region back.
 //!
 //! The target's bytes are read right after the initiator's completion: rdma_rxe places a
 //! WRITE's data before it acknowledges it (the verbs do not promise that order to the target's
@@ -25,8 +29,9 @@ mod support;
 use std::sync::{Mutex, PoisonError};
 
 use evchan_core::verbs::{
-    atomic_result, Error as VerbsError, Exposed, RemoteAtomic, RemoteBuf, RemoteError, RemoteRead,
-    RemoteReadWrite, RemoteWrite, Slot, WcStatus, WorkCompletion,
+    atomic_result, Error as VerbsError, Exposed, MrPostError, OwnedMr, PostedMr, RemoteAtomic,
+    RemoteBuf, RemoteError, RemoteRead, RemoteReadWrite, RemoteWrite, Slot, WcStatus,
+    WorkCompletion,
 };
 use evchan_core::EventChannel;
 use support::owned::{owned_pair, wait_owned, Side};
@@ -258,4 +263,77 @@ fn a_revoked_region_is_out_of_reach_and_keeps_what_was_written() {
         "a write with the revoked rkey"
     );
     assert_eq!(&back[..6], b"Before");
+}
+
+/// Posts from a registered buffer with `post`, waits for the completion on `side`'s CQ: the
+/// completion and the region back.
+fn run_mr(
+    side: &Side,
+    post: impl FnOnce(&Side) -> Result<PostedMr<Vec<u8>>, MrPostError<Vec<u8>>>,
+) -> (WorkCompletion, OwnedMr<Vec<u8>>) {
+    let posted = post(side).unwrap_or_else(|e| panic!("post: {e}"));
+    let mut wcs = wait_owned(&side.cq);
+    assert_eq!(wcs.len(), 1, "one completion: {wcs:?}");
+    let wc = wcs.pop().unwrap();
+    let mr = posted.complete(&wc).expect("its own completion");
+    (wc, mr)
+}
+
+#[test]
+fn registered_buffers_are_the_local_side_without_a_copy() {
+    require_device!();
+    let _serial = SERIAL.lock().unwrap_or_else(PoisonError::into_inner);
+    let (sch, cch) = (EventChannel::new().unwrap(), EventChannel::new().unwrap());
+    let (_server, s, rx, _client, c) = owned_pair(&sch, &cch, 5);
+    let exposed = Exposed::<RemoteReadWrite>::new(&s.pd, 8192).unwrap();
+    let rw = exposed.descriptor();
+
+    // A WRITE of 5,000 bytes (the slots here are 64) from a buffer, and a READ of them back
+    // into another.
+    let data: Vec<u8> = (0..5000u32).map(|i| (i % 253) as u8).collect();
+    let out = OwnedMr::new(&c.pd, data.clone()).unwrap();
+    let (wc, out) = run_mr(&c, |c| c.qp.post_write_mr(out, 5000, &rw, 100, None));
+    assert!(wc.is_success(), "{:?}", wc.status());
+    let mut seen = vec![0u8; 5002];
+    exposed.read_at(99, &mut seen).unwrap();
+    assert_eq!(
+        (seen[0], seen[5001]),
+        (0, 0),
+        "bytes around the write changed"
+    );
+    assert_eq!(&seen[1..5001], &data[..]);
+    let back = OwnedMr::new(&c.pd, vec![0u8; 5000]).unwrap();
+    let (wc, back) = run_mr(&c, |c| c.qp.post_read_mr(back, 5000, &rw, 100));
+    assert!(wc.is_success(), "{:?}", wc.status());
+    assert_eq!(back.mr().as_slice(), &data[..]);
+
+    // Refused before posting, the region back: a range outside the descriptor, a length
+    // beyond the buffer, a buffer of another PD than the QP's.
+    let e = c.qp.post_read_mr(back, 100, &rw, 8100).unwrap_err();
+    assert!(
+        matches!(e.error, VerbsError::Remote(RemoteError::OutOfBounds { .. })),
+        "{e}"
+    );
+    let e = c.qp.post_write_mr(e.mr, 5001, &rw, 0, None).unwrap_err();
+    assert!(
+        matches!(
+            e.error,
+            VerbsError::Remote(RemoteError::LocalTooSmall { .. })
+        ),
+        "{e}"
+    );
+    let foreign = OwnedMr::new(&s.pd, vec![1u8; 16]).unwrap();
+    let e = c.qp.post_send_mr(foreign, 16, None).unwrap_err();
+    assert!(matches!(e.error, VerbsError::InvalidArgument(_)), "{e}");
+    assert!(!e.is_queue_full());
+
+    // A SEND of a buffer's first 11 bytes lands in the peer's posted receive.
+    let (wc, out) = run_mr(&c, |c| c.qp.post_send_mr(out, 11, Some(7)));
+    assert!(wc.is_success(), "{:?}", wc.status());
+    let mut wcs = wait_owned(&s.cq);
+    let got = rx
+        .complete(&wcs.pop().expect("the receive"))
+        .expect("its completion");
+    assert_eq!(got.as_slice(), &data[..11]);
+    drop(out);
 }

@@ -151,6 +151,56 @@ impl<B: MrBuffer> MrCell<B> {
         &self.pd
     }
 
+    /// Posts `op` on `qp` with the buffer's first `len` bytes as the local side (no element
+    /// when `len` is 0), with a fresh owned `wr_id` (top bit set): `Ok(wr_id)` with the region,
+    /// which the caller keeps in the posted request's record until its completion (a record
+    /// that shows no bytes and gives the region back only for this request's completion, or
+    /// deregisters it before freeing the buffer when dropped, or leaks it when forgotten); or
+    /// the refusal, with the region.
+    ///
+    /// Refused before the call: a region of another PD than `qp`'s, a UD QP, and `len` beyond
+    /// the buffer's bytes.
+    pub(crate) fn post(
+        self,
+        qp: QpPtr<'_>,
+        len: usize,
+        op: super::verbs::SlotOp,
+    ) -> Result<(u64, Self), (super::verbs::SlotRefusal, Self)>
+    where
+        B: 'static,
+    {
+        use super::verbs::SlotRefusal;
+        let raw = &self.mr.raw;
+        if raw.pd_of_mr() != qp.pd_of_qp() {
+            return Err((SlotRefusal::ForeignPd, self));
+        }
+        if qp.qp_type() == sys::ibv_qp_type::IBV_QPT_UD {
+            let e = std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                "registered buffers are posted on connected (RC) QPs only; this QP is UD",
+            );
+            return Err((SlotRefusal::Io(e), self));
+        }
+        let one = match super::verbs::sge_of(raw, 0..len) {
+            Ok(sge) => [sge],
+            Err(e) => return Err((SlotRefusal::Io(e), self)),
+        };
+        let sges: &[super::verbs::Sge] = if len == 0 { &[] } else { &one };
+        let wr_id = super::verbs::fresh_owned_wr_id();
+        // SAFETY: the element lies in the buffer's bytes (`sge_of` took it from them), under
+        // the region's lkey, and the region is of `qp`'s PD (checked); every region of the safe
+        // layer but an exposed one is registered with local write access. The region moves into
+        // the caller's record of the request (this function's contract), which shows no bytes
+        // until the completion, so nobody else reads or writes them while the device may; it
+        // keeps the buffer allocated and in place (`B: 'static`: a forgotten record leaks it).
+        // Deregistered first (the record dropped), the device can no longer reach the bytes.
+        let posted = unsafe { super::verbs::post_op(qp, wr_id, sges, op) };
+        match posted {
+            Ok(()) => Ok((wr_id, self)),
+            Err(e) => Err((SlotRefusal::Io(e), self)),
+        }
+    }
+
     /// Deregisters (before the PD's clone goes) and gives the buffer back.
     pub(crate) fn into_inner(self) -> crate::verbs::Result<B> {
         let MrCell { mr, pd } = self;

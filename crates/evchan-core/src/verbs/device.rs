@@ -232,6 +232,23 @@ impl Context {
         self.raw.port_count().map_err(Error::io("ibv_query_device"))
     }
 
+    /// The most RDMA READs and atomics a QP of this device takes at once as a responder
+    /// (`ibv_query_device`'s `max_qp_rd_atom`, for rdma_cm's `responder_resources`) and has
+    /// in flight as an initiator (`max_qp_init_rd_atom`, for `initiator_depth`), each capped
+    /// at 255 (what the CM's fields hold).
+    ///
+    /// # Errors
+    /// [`Error::Io`] with the `ibv_query_device` error.
+    #[doc(alias = "max_qp_rd_atom")]
+    pub fn max_reads(&self) -> Result<(u8, u8)> {
+        let (responder, initiator) = self
+            .raw
+            .read_atomic_limits()
+            .map_err(Error::io("ibv_query_device"))?;
+        let cap = |n: i32| u8::try_from(n.max(0)).unwrap_or(u8::MAX);
+        Ok((cap(responder), cap(initiator)))
+    }
+
     /// `ibv_query_port`: the attributes of port `port` (1-based).
     ///
     /// # Errors

@@ -53,6 +53,14 @@ impl Error {
         move |source| Error::Io { call, source }
     }
 
+    /// Whether a post found the work queue full (`ENOMEM` from an `ibv_post_*` call):
+    /// backpressure, try again after a completion.
+    #[must_use]
+    pub fn is_queue_full(&self) -> bool {
+        matches!(self, Error::Io { call, source }
+            if call.starts_with("ibv_post_") && source.raw_os_error() == Some(libc::ENOMEM))
+    }
+
     /// The OS error code, when the error came from a C call.
     #[must_use]
     pub fn raw_os_error(&self) -> Option<i32> {

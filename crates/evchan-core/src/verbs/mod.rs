@@ -89,7 +89,9 @@ pub use error::{Error, ForeignPd, PostError, Result};
 pub use mr::Mr;
 #[cfg(feature = "tokio")]
 pub use owned::CqWaiter;
-pub use owned::{atomic_result, OwnedCompChannel, OwnedCq, OwnedMr, OwnedPd, QpHandle};
+pub use owned::{
+    atomic_result, MrPostError, OwnedCompChannel, OwnedCq, OwnedMr, OwnedPd, PostedMr, QpHandle,
+};
 pub use qp::{Posted, Qp, QpCaps, QpState, RtrAttr, RtsAttr};
 pub use remote::{
     Access, AllowsAtomic, AllowsRead, AllowsWrite, Exposed, RemoteAtomic, RemoteBuf, RemoteError,

@@ -100,6 +100,15 @@ impl OwnedPd {
     }
 }
 
+/// The same PD (one allocation, whatever the clone), not two alike.
+impl PartialEq for OwnedPd {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl Eq for OwnedPd {}
+
 impl fmt::Debug for OwnedPd {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_tuple("OwnedPd").field(self.pd()).finish()
@@ -507,6 +516,253 @@ impl QpHandle {
     }
 }
 
+impl QpHandle {
+    /// The post behind the registered-buffer methods: `op` with `mr`'s first `len` bytes as
+    /// the local side, once `addr` (the remote range's check, `Ok(0)` for a SEND) is `Ok`.
+    fn post_mr<B: MrBuffer + 'static>(
+        &self,
+        mr: OwnedMr<B>,
+        len: usize,
+        addr: std::result::Result<u64, RemoteError>,
+        op: impl FnOnce(u64) -> crate::ffi::verbs::SlotOp,
+        fetched: bool,
+    ) -> std::result::Result<PostedMr<B>, MrPostError<B>> {
+        let addr = match addr {
+            Ok(a) => a,
+            Err(e) => {
+                return Err(MrPostError {
+                    mr,
+                    error: e.into(),
+                })
+            }
+        };
+        let have = mr.mr().as_slice().len();
+        if len > have {
+            return Err(MrPostError {
+                mr,
+                error: RemoteError::LocalTooSmall {
+                    need: len,
+                    capacity: have,
+                }
+                .into(),
+            });
+        }
+        let qp_num = self.qp_num();
+        self.0.with(|qp| {
+            let Some(qp) = qp else {
+                return Err(MrPostError {
+                    mr,
+                    error: Error::QpDestroyed,
+                });
+            };
+            match mr.0.post(qp, len, op(addr)) {
+                Ok((wr_id, cell)) => Ok(PostedMr {
+                    mr: OwnedMr(cell),
+                    wr_id,
+                    qp_num,
+                    fetched: fetched.then_some(len),
+                }),
+                Err((why, cell)) => Err(MrPostError {
+                    mr: OwnedMr(cell),
+                    error: match why {
+                        crate::ffi::verbs::SlotRefusal::ForeignPd => Error::InvalidArgument(
+                            "the buffer is registered on another PD than the QP's",
+                        ),
+                        crate::ffi::verbs::SlotRefusal::NotOfPool => {
+                            Error::InvalidArgument("not a buffer of this region")
+                        }
+                        crate::ffi::verbs::SlotRefusal::Io(e) => Error::io("ibv_post_send")(e),
+                    },
+                }),
+            }
+        })
+    }
+
+    /// `ibv_post_send` of a signaled SEND of the first `len` bytes of `mr`'s buffer (none at
+    /// all when `len` is 0), with immediate data when `imm` is `Some`: zero-copy, the device
+    /// reads the buffer itself. The region stays with the returned [`PostedMr`] until the
+    /// completion.
+    ///
+    /// # Errors
+    /// [`MrPostError`], with the region: [`Error::QpDestroyed`] once the id destroyed the QP;
+    /// [`Error::Remote`] ([`RemoteError::LocalTooSmall`]) when `len` is beyond the buffer;
+    /// [`Error::InvalidArgument`] for a region of another PD than the QP's; else the
+    /// `ibv_post_send` error (`ENOMEM`: the send queue is full).
+    #[doc(alias = "ibv_post_send")]
+    pub fn post_send_mr<B: MrBuffer + 'static>(
+        &self,
+        mr: OwnedMr<B>,
+        len: usize,
+        imm: Option<u32>,
+    ) -> std::result::Result<PostedMr<B>, MrPostError<B>> {
+        self.post_mr(
+            mr,
+            len,
+            Ok(0),
+            |_| crate::ffi::verbs::SlotOp::Send { len, imm },
+            false,
+        )
+    }
+
+    /// RDMA WRITE of the first `len` bytes of `mr`'s buffer to `offset` of the peer's `to`
+    /// (with immediate data when `imm` is `Some`, which consumes a receive of the peer's),
+    /// zero-copy. The region stays with the returned [`PostedMr`] until the completion.
+    ///
+    /// # Errors
+    /// [`MrPostError`], with the region: [`Error::Remote`] when the range is not inside `to`,
+    /// or `len` is 0 and `imm` is `None` (nothing posted), else as
+    /// [`post_send_mr`](Self::post_send_mr).
+    #[doc(alias = "IBV_WR_RDMA_WRITE")]
+    pub fn post_write_mr<A: AllowsWrite, B: MrBuffer + 'static>(
+        &self,
+        mr: OwnedMr<B>,
+        len: usize,
+        to: &RemoteBuf<A>,
+        offset: u64,
+        imm: Option<u32>,
+    ) -> std::result::Result<PostedMr<B>, MrPostError<B>> {
+        let rkey = to.rkey();
+        let addr = if len == 0 && imm.is_none() {
+            Err(RemoteError::Empty)
+        } else {
+            to.range(offset, len as u64)
+        };
+        self.post_mr(
+            mr,
+            len,
+            addr,
+            |addr| crate::ffi::verbs::SlotOp::Remote {
+                len,
+                op: crate::ffi::verbs::RemoteOp::Write { addr, rkey, imm },
+            },
+            false,
+        )
+    }
+
+    /// RDMA READ of `len` (at least 1) bytes at `offset` of the peer's `from` into the first
+    /// `len` bytes of `mr`'s buffer, zero-copy: the bytes are there when [`PostedMr::complete`]
+    /// gives the region back. Needs what [`post_read_slot`](Self::post_read_slot) needs.
+    ///
+    /// # Errors
+    /// [`MrPostError`], with the region: [`Error::Remote`] when the range is not inside
+    /// `from`, `len` is 0, or `len` is beyond the buffer (nothing posted), else as
+    /// [`post_send_mr`](Self::post_send_mr).
+    #[doc(alias = "IBV_WR_RDMA_READ")]
+    pub fn post_read_mr<A: AllowsRead, B: MrBuffer + 'static>(
+        &self,
+        mr: OwnedMr<B>,
+        len: usize,
+        from: &RemoteBuf<A>,
+        offset: u64,
+    ) -> std::result::Result<PostedMr<B>, MrPostError<B>> {
+        let rkey = from.rkey();
+        let addr = if len == 0 {
+            Err(RemoteError::Empty)
+        } else {
+            from.range(offset, len as u64)
+        };
+        self.post_mr(
+            mr,
+            len,
+            addr,
+            |addr| crate::ffi::verbs::SlotOp::Remote {
+                len,
+                op: crate::ffi::verbs::RemoteOp::Read { addr, rkey },
+            },
+            true,
+        )
+    }
+}
+
+/// A registered buffer handed to the device by a posted work request
+/// ([`QpHandle::post_send_mr`], [`post_write_mr`](QpHandle::post_write_mr),
+/// [`post_read_mr`](QpHandle::post_read_mr)), until its completion: it shows no bytes, and
+/// gives the region back only for that completion. Dropped before, the region is
+/// deregistered (after which the device can no longer reach the bytes; the request, if still
+/// queued, fails with a protection error) and only then freed; forgotten, the buffer is
+/// leaked, never freed.
+#[must_use = "the buffer comes back with `complete`; dropped, it is deregistered and freed"]
+pub struct PostedMr<B: MrBuffer> {
+    mr: OwnedMr<B>,
+    wr_id: u64,
+    qp_num: u32,
+    /// A READ's length: what the device wrote on success.
+    fetched: Option<usize>,
+}
+
+impl<B: MrBuffer> PostedMr<B> {
+    /// The work request id its completion carries.
+    #[must_use]
+    pub fn wr_id(&self) -> u64 {
+        self.wr_id
+    }
+
+    /// Whether `wc` is this work request's completion.
+    #[must_use]
+    pub fn is_completed_by(&self, wc: &super::WorkCompletion) -> bool {
+        wc.qp_num() == self.qp_num && wc.wr_id() == self.wr_id
+    }
+
+    /// The region back, when `wc` is this work request's completion (any status: a completion
+    /// means the device is done with the buffer); `Err(self)` otherwise. A READ's bytes are in
+    /// the buffer on a successful completion.
+    ///
+    /// # Errors
+    /// `self`, when `wc` is another work request's completion.
+    pub fn complete(self, wc: &super::WorkCompletion) -> std::result::Result<OwnedMr<B>, Self> {
+        if self.is_completed_by(wc) {
+            Ok(self.mr)
+        } else {
+            Err(self)
+        }
+    }
+
+    /// A READ's length (the bytes the device writes), `None` for a SEND or a WRITE.
+    #[must_use]
+    pub fn read_len(&self) -> Option<usize> {
+        self.fetched
+    }
+}
+
+impl<B: MrBuffer> fmt::Debug for PostedMr<B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // No bytes: the device may be writing them.
+        f.debug_struct("PostedMr")
+            .field("qp_num", &self.qp_num)
+            .field("wr_id", &self.wr_id)
+            .field("read_len", &self.fetched)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Posting a registered buffer failed; the region comes back unchanged.
+#[derive(thiserror::Error)]
+#[error("{error}")]
+pub struct MrPostError<B: MrBuffer> {
+    /// The region that was to be posted.
+    pub mr: OwnedMr<B>,
+    /// Why (see the posting method).
+    #[source]
+    pub error: Error,
+}
+
+impl<B: MrBuffer> MrPostError<B> {
+    /// Whether the send queue is full (`ENOMEM` from the post): try again after a completion.
+    #[must_use]
+    pub fn is_queue_full(&self) -> bool {
+        self.error.is_queue_full()
+    }
+}
+
+impl<B: MrBuffer> fmt::Debug for MrPostError<B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MrPostError")
+            .field("mr", &self.mr)
+            .field("error", &self.error)
+            .finish()
+    }
+}
+
 /// The previous value an atomic's completed slot holds: its first 8 bytes read in the host's
 /// byte order; `None` for a slot under 8 bytes long. The byte order the device writes is the
 /// provider's: rdma_rxe writes the host's (it converts the wire's big-endian value,
@@ -545,6 +801,7 @@ mod tests {
     const _: () = assert_owner::<OwnedMr<SlotPool>>();
     const _: () = assert_owner::<OwnedMr<Vec<u8>>>();
     const _: () = assert_owner::<QpHandle>();
+    const _: () = assert_owner::<PostedMr<Vec<u8>>>();
     #[cfg(feature = "tokio")]
     const _: () = assert_owner::<CqWaiter>();
 }

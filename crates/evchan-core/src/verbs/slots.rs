@@ -448,8 +448,7 @@ impl SlotPostError {
     /// a completion.
     #[must_use]
     pub fn is_queue_full(&self) -> bool {
-        matches!(&self.error, Error::Io { call, source }
-            if call.starts_with("ibv_post_") && source.raw_os_error() == Some(libc::ENOMEM))
+        self.error.is_queue_full()
     }
 }
 

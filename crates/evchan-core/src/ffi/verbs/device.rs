@@ -238,6 +238,17 @@ impl Context {
         Ok(unsafe { attr.assume_init() }.phys_port_cnt)
     }
 
+    /// `ibv_query_device`'s `max_qp_rd_atom` and `max_qp_init_rd_atom`.
+    pub(crate) fn read_atomic_limits(&self) -> io::Result<(i32, i32)> {
+        let mut attr = MaybeUninit::<sys::ibv_device_attr>::zeroed();
+        // SAFETY: live context, `attr` is a valid out-pointer of the right type.
+        let ret = unsafe { sys::ibv_query_device(self.ptr.as_ptr(), attr.as_mut_ptr()) };
+        sys::cvt_errno(ret)?;
+        // SAFETY: zero-initialised, then filled by a successful ibv_query_device.
+        let attr = unsafe { attr.assume_init() };
+        Ok((attr.max_qp_rd_atom, attr.max_qp_init_rd_atom))
+    }
+
     pub(crate) fn query_port(&self, port: u8) -> io::Result<RawPort> {
         let mut attr = MaybeUninit::<sys::ibv_port_attr>::zeroed();
         // SAFETY: live context, `attr` is a zeroed ibv_port_attr the size of which is passed to

@@ -49,10 +49,10 @@ pub(crate) use async_event::{RawAsyncEvent, RawElement};
 pub(crate) use cq::{CompChannel, Cq, CqEventAck, RawWc};
 pub(crate) use device::{Context, DeviceList};
 pub use mr::MrBuffer;
-pub(crate) use mr::{Mr, Pd, Posted, OWNED_WR_ID_BIT};
+pub(crate) use mr::{fresh_owned_wr_id, Mr, Pd, Posted};
 pub(crate) use qp::{check_same_context, same_context, sge_of, Qp, QpCaps, QpModify, RemoteOp};
 pub use qp::{SendFlags, Sge};
-pub(crate) use slots::{post_slot, RawSlot, SlotOp, SlotRefusal, SlotRegion};
+pub(crate) use slots::{post_op, post_slot, RawSlot, SlotOp, SlotRefusal, SlotRegion};
 
 /// A C object borrowed for `'a`, owned by someone else (librdmacm, or one of our handles):
 /// the pointer and the lifetime, nothing else. Its verbs are on the aliases below.

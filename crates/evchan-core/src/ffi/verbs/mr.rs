@@ -233,6 +233,11 @@ impl<B: MrBuffer> Drop for Mr<'_, B> {
 pub(crate) const OWNED_WR_ID_BIT: u64 = 1 << 63;
 pub(super) static NEXT_OWNED_WR_ID: AtomicU64 = AtomicU64::new(0);
 
+/// A fresh work request id of the owned posts (top bit set).
+pub(crate) fn fresh_owned_wr_id() -> u64 {
+    OWNED_WR_ID_BIT | NEXT_OWNED_WR_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+}
+
 /// A memory region handed to the device by a posted work request, until its completion.
 pub(crate) struct Posted<'pd, B: MrBuffer> {
     pub(super) mr: Mr<'pd, B>,

@@ -10,7 +10,6 @@ use std::sync::{Mutex, PoisonError};
 use evchan_sys as sys;
 use libc::c_int;
 
-use super::mr::NEXT_OWNED_WR_ID;
 use super::*;
 
 // ---------------------------------------------------------------------------------------------
@@ -549,7 +548,7 @@ impl QpPtr<'_> {
             Ok(s) => s,
             Err(e) => return Err((e, mr)),
         };
-        let wr_id = OWNED_WR_ID_BIT | NEXT_OWNED_WR_ID.fetch_add(1, Ordering::Relaxed);
+        let wr_id = super::mr::fresh_owned_wr_id();
         // The one element, straight in C's layout: no list to build.
         let mut c_sge = sge.to_c();
         match post(wr_id, &mut c_sge) {

@@ -31,13 +31,12 @@
 
 use std::io;
 use std::ptr::NonNull;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use evchan_sys as sys;
 
-use super::mr::{Sealed, NEXT_OWNED_WR_ID};
-use super::{Mr, MrBuffer, QpPtr, SendFlags, Sge, OWNED_WR_ID_BIT};
+use super::mr::Sealed;
+use super::{Mr, MrBuffer, QpPtr, SendFlags, Sge};
 use crate::verbs::{SlotError, SlotPool};
 
 /// One mapping of `count` slots of `size` bytes, zeroed and page-aligned, reached only
@@ -312,18 +311,40 @@ pub(crate) fn post_slot(
         lkey: mr.lkey(),
     }];
     let sges: &[Sge] = if len == 0 { &[] } else { &one };
-    let wr_id = OWNED_WR_ID_BIT | NEXT_OWNED_WR_ID.fetch_add(1, Ordering::Relaxed);
-    let posted = match op {
-        // SAFETY: the element lies in slot `index` of the region `mr` registered (checked
-        // above: same region; index < count and len ≤ size, so inside the `count × size`
-        // registered bytes), under `mr`'s lkey, and `mr` is of `qp`'s PD (checked). The caller
-        // keeps the token in the request's record, which shows no bytes and gives the token
-        // back only for this request's completion, so nobody else reads or writes the slot
-        // meanwhile; the token keeps the region allocated, and a registered `Mr` keeps it
-        // allocated too. If the `Mr` is deregistered first, the device can no longer reach the
-        // bytes (the request fails with a protection error), which is as safe.
+    let wr_id = super::mr::fresh_owned_wr_id();
+    // SAFETY: the element lies in slot `index` of the region `mr` registered (checked above:
+    // same region; index < count and len ≤ size, so inside the `count × size` registered
+    // bytes), under `mr`'s lkey, and `mr` is of `qp`'s PD (checked). The caller keeps the token
+    // in the request's record, which shows no bytes and gives the token back only for this
+    // request's completion, so nobody else reads or writes the slot meanwhile; the token keeps
+    // the region allocated, and a registered `Mr` keeps it allocated too. If the `Mr` is
+    // deregistered first, the device can no longer reach the bytes (the request fails with a
+    // protection error), which is as safe. Every pool is registered with local write access.
+    let posted = unsafe { post_op(qp, wr_id, sges, op) };
+    match posted {
+        Ok(()) => Ok((wr_id, slot)),
+        Err(e) => Err((SlotRefusal::Io(e), slot)),
+    }
+}
+
+/// Posts `op` (signaled) with `sges` as its local side: a receive into them, a SEND of them,
+/// or a one-sided operation whose local side they are.
+///
+/// # Safety
+///
+/// `sges` lie in memory registered (with local write access, unless `op` is a SEND) under
+/// their lkeys on `qp`'s PD, which nobody else reads or writes until the request's
+/// completion, and which stays allocated until then (or until its region is deregistered).
+pub(crate) unsafe fn post_op(
+    qp: QpPtr<'_>,
+    wr_id: u64,
+    sges: &[Sge],
+    op: SlotOp,
+) -> io::Result<()> {
+    match op {
+        // SAFETY: the caller's contract.
         SlotOp::Recv => unsafe { qp.post_recv(wr_id, sges) },
-        // SAFETY: as above; the device only reads. Signaled, so there is a completion.
+        // SAFETY: the caller's contract; the device only reads. Signaled: a completion comes.
         SlotOp::Send { imm, .. } => unsafe {
             qp.post_send(
                 wr_id,
@@ -335,13 +356,8 @@ pub(crate) fn post_slot(
                 },
             )
         },
-        // SAFETY: as above: the slot's bytes (registered with local write access, as every
-        // pool is) are the local side, read by a WRITE, written by a READ or an atomic, and
-        // reached by nothing else until the completion. Signaled.
+        // SAFETY: the caller's contract: read by a WRITE, written by a READ or an atomic.
+        // Signaled.
         SlotOp::Remote { op, .. } => unsafe { qp.post_remote(wr_id, sges, op) },
-    };
-    match posted {
-        Ok(()) => Ok((wr_id, slot)),
-        Err(e) => Err((SlotRefusal::Io(e), slot)),
     }
 }
