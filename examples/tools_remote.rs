@@ -20,7 +20,9 @@
 //!   completion; the result line `@tools remote mode=M size=N ops=K secs=S mb_per_s=B`
 //!   (MB = 2^20 bytes, as perftest's `BW average[MB/sec]`).
 //!
-//! Both sides run on a current-thread tokio runtime. Without `--busy-poll-us` a waiting
+//! READs and WRITEs move their bytes from (into) registered buffers (`Connection::buffer`,
+//! zero-copy, as perftest's do), one per operation in flight. Both sides run on a
+//! current-thread tokio runtime. Without `--busy-poll-us` a waiting
 //! operation sleeps on the connection's completion channel (event mode); with it, it polls
 //! for that window first (`Config::busy_poll`; perftest's tools poll always).
 
@@ -30,7 +32,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use evchan::remote::{RemoteAtomic, RemoteBuf, RemoteReadWrite};
-use evchan::{Config, Connection, Error, Listener};
+use evchan::{Buffer, Config, Connection, Error, Listener};
 
 mod tools_support;
 use tools_support::{emit, fail, us, Cli, Stats};
@@ -99,12 +101,10 @@ fn main() -> ExitCode {
     if !tools_support::device_present(PROGRAM) {
         return ExitCode::SUCCESS;
     }
-    // Room for an operation of `--size` bytes in one slot, and a window of them.
+    // A send queue entry (slot) per operation of the window; the bytes move from registered
+    // buffers, so the messages keep their default size.
     let depth = u32::try_from(a.window.max(16)).expect("at most 1024");
-    let config = Config::new()
-        .max_message(u32::try_from(a.size.max(64)).expect("at most 1 MiB"))
-        .send_depth(depth)
-        .busy_poll(a.busy_poll);
+    let config = Config::new().send_depth(depth).busy_poll(a.busy_poll);
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -138,13 +138,17 @@ struct There {
     word: RemoteBuf<RemoteAtomic>,
 }
 
-/// One operation of `mode` on `there`.
-async fn op(conn: &Connection, mode: &str, there: &There, data: &[u8]) -> Result<(), Error> {
-    match mode {
-        "read-lat" | "read-bw" => conn.read(&there.bytes, 0, data.len()).await.map(drop),
-        "write-lat" | "write-bw" => conn.write(&there.bytes, 0, data).await,
-        _ => conn.fetch_add(&there.word, 0, 1).await.map(drop),
-    }
+/// One operation of `mode` on `there`, READs and WRITEs from the registered `buf` (zero-copy,
+/// as perftest's), which comes back.
+async fn op(conn: &Connection, mode: &str, there: &There, buf: Buffer) -> Result<Buffer, Error> {
+    Ok(match mode {
+        "read-lat" | "read-bw" => conn.read_buffer(&there.bytes, 0, buf).await?,
+        "write-lat" | "write-bw" => conn.write_buffer(&there.bytes, 0, buf).await?,
+        _ => {
+            conn.fetch_add(&there.word, 0, 1).await?;
+            buf
+        }
+    })
 }
 
 async fn client(addr: SocketAddr, config: Config, a: &Args) -> Result<(), Error> {
@@ -156,7 +160,8 @@ async fn client(addr: SocketAddr, config: Config, a: &Args) -> Result<(), Error>
         bytes: RemoteBuf::from_bytes(&bytes)?,
         word: RemoteBuf::from_bytes(&word)?,
     };
-    let data = vec![7u8; a.size];
+    let mut buf = conn.buffer(a.size)?;
+    buf.fill(7);
     let mode = a.mode.as_str();
     let poll = if a.busy_poll.is_some() {
         "busy"
@@ -170,28 +175,33 @@ async fn client(addr: SocketAddr, config: Config, a: &Args) -> Result<(), Error>
     ];
     let conn = if mode.ends_with("-lat") {
         for _ in 0..a.warmup {
-            op(&conn, mode, &there, &data).await?;
+            buf = op(&conn, mode, &there, buf).await?;
         }
         let mut samples = Vec::with_capacity(a.iters);
         for _ in 0..a.iters {
             let t = Instant::now();
-            op(&conn, mode, &there, &data).await?;
+            buf = op(&conn, mode, &there, buf).await?;
             samples.push(us(t.elapsed()));
         }
         let stats = Stats::of(&samples).expect("at least one sample");
         fields.push(("stats", stats.fields()));
         conn
     } else {
-        let (conn, there, data) = (Arc::new(conn), Arc::new(there), Arc::new(data));
+        // A buffer per task, registered before the clock starts.
+        let mut bufs = vec![buf];
+        while bufs.len() < a.window {
+            bufs.push(conn.buffer(a.size)?);
+        }
+        let (conn, there) = (Arc::new(conn), Arc::new(there));
         let start = Instant::now();
         let mut tasks = tokio::task::JoinSet::new();
-        for w in 0..a.window {
+        for (w, mut buf) in bufs.into_iter().enumerate() {
             let n = a.iters / a.window + usize::from(w < a.iters % a.window);
-            let (conn, there, data) = (Arc::clone(&conn), Arc::clone(&there), Arc::clone(&data));
+            let (conn, there) = (Arc::clone(&conn), Arc::clone(&there));
             let mode = a.mode.clone();
             tasks.spawn(async move {
                 for _ in 0..n {
-                    op(&conn, &mode, &there, &data).await?;
+                    buf = op(&conn, &mode, &there, buf).await?;
                 }
                 Ok::<_, Error>(())
             });

@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! tools_stream --serve IP:PORT [--conns K] [--size BYTES] [--count M] [--busy-poll-us N] [--depth D] [--workers W]
-//! tools_stream --connect IP:PORT [--conns K] [--size BYTES] [--count M] [--busy-poll-us N] [--depth D] [--workers W]
+//! tools_stream --connect IP:PORT [--conns K] [--size BYTES] [--count M] [--busy-poll-us N] [--depth D] [--workers W] [--zero-copy B]
 //! ```
 //!
 //! Both sides run on a multi-thread tokio runtime of two workers (what `#[tokio::main]` makes
@@ -16,8 +16,11 @@
 //! client's clock runs from its first send to the last connection's reply. Without
 //! `--busy-poll-us` a waiting `send` or `recv` sleeps on the connection's completion channel
 //! (event mode, as `ib_send_bw -R -e`); with it, it polls for that window first
-//! (`Config::busy_poll`; `ib_send_bw -R` polls always). The result line: `@tools stream
-//! mode=event|busy conns=K size=N msgs=TOTAL secs=S msgs_per_s=R mb_per_s=B` (MB = 2^20
+//! (`Config::busy_poll`; `ib_send_bw -R` polls always). With `--zero-copy B` each
+//! connection's messages go from B registered buffers (`Connection::send_buffer`, no copy),
+//! B sends in flight at once in the connection's task, each buffer back at its completion.
+//! The result line: `@tools stream
+//! mode=event|busy[-zc] conns=K size=N msgs=TOTAL secs=S msgs_per_s=R mb_per_s=B` (MB = 2^20
 //! bytes, as perftest's `BW average[MB/sec]`).
 
 use std::net::SocketAddr;
@@ -25,14 +28,15 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use evchan::{Config, Error, Listener};
+use evchan::{Buffer, Config, Connection, Error, Listener};
 
 mod tools_support;
 use tools_support::{emit, fail, Cli};
 
 const PROGRAM: &str = "tools_stream";
 const USAGE: &str = "usage: tools_stream --serve IP:PORT | --connect IP:PORT [--conns K] \
-                     [--size BYTES] [--count M] [--busy-poll-us N] [--depth D] [--workers W]";
+                     [--size BYTES] [--count M] [--busy-poll-us N] [--depth D] [--workers W] \
+                     [--zero-copy B]";
 const CLI: Cli = Cli {
     program: PROGRAM,
     usage: USAGE,
@@ -53,6 +57,8 @@ struct Args {
     busy_poll: Option<Duration>,
     depth: Option<u32>,
     workers: usize,
+    /// Registered buffers per connection, for zero-copy sends.
+    zero_copy: Option<usize>,
 }
 
 /// The command line, checked; a bad one exits with the usage (status 2).
@@ -66,6 +72,7 @@ fn parse_args() -> Args {
         busy_poll: None,
         depth: None,
         workers: 2,
+        zero_copy: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -82,6 +89,7 @@ fn parse_args() -> Args {
             "--count" => a.count = CLI.number(&flag, v, 1..=u64::MAX),
             "--depth" => a.depth = Some(CLI.number(&flag, v, 1..=MAX_DEPTH)),
             "--workers" => a.workers = CLI.number(&flag, v, 1..=MAX_WORKERS),
+            "--zero-copy" => a.zero_copy = Some(CLI.number(&flag, v, 1..=MAX_DEPTH as usize)),
             "--busy-poll-us" => {
                 a.busy_poll = Some(Duration::from_micros(CLI.number(&flag, v, 1..=u64::MAX)));
             }
@@ -162,6 +170,31 @@ async fn serve(addr: SocketAddr, config: Config, a: &Args) -> Result<(), Error> 
     Ok(())
 }
 
+/// `count` messages from `bufs` on `conn`, each buffer's sends one after the other in a task
+/// of its own, the buffers' at once; the connection back.
+async fn send_from_buffers(
+    conn: Connection,
+    bufs: Vec<Buffer>,
+    count: u64,
+) -> Result<Connection, Error> {
+    let n = bufs.len() as u64;
+    let conn = std::sync::Arc::new(conn);
+    let mut tasks = tokio::task::JoinSet::new();
+    for (i, mut buf) in bufs.into_iter().enumerate() {
+        let conn = std::sync::Arc::clone(&conn);
+        tasks.spawn(async move {
+            for _ in 0..count / n + u64::from((i as u64) < count % n) {
+                buf = conn.send_buffer(buf).await?;
+            }
+            Ok::<_, Error>(())
+        });
+    }
+    while let Some(r) = tasks.join_next().await {
+        r.unwrap_or_else(|e| fail(PROGRAM, format!("a task failed: {e}")))?;
+    }
+    Ok(std::sync::Arc::into_inner(conn).expect("the tasks are done"))
+}
+
 /// Connects `--conns` times (again while nobody listens yet), then times the tasks' sends up to
 /// the last reply.
 async fn client(addr: SocketAddr, config: Config, a: &Args) -> Result<(), Error> {
@@ -171,14 +204,30 @@ async fn client(addr: SocketAddr, config: Config, a: &Args) -> Result<(), Error>
         conns.push(tools_support::connect_when_listening(addr, &config, deadline).await?);
     }
     let msg = Bytes::from(vec![0x5au8; a.size]);
+    // Zero-copy: the buffers, registered before the clock starts.
+    let mut buffers = Vec::new();
+    for conn in &conns {
+        let mut bufs = Vec::new();
+        for _ in 0..a.zero_copy.unwrap_or(0) {
+            let mut b = conn.buffer(a.size)?;
+            b.fill(0x5a);
+            bufs.push(b);
+        }
+        buffers.push(bufs);
+    }
     let start = Instant::now();
     let tasks: Vec<_> = conns
         .into_iter()
-        .map(|mut conn| {
+        .zip(buffers)
+        .map(|(mut conn, bufs)| {
             let (msg, count) = (msg.clone(), a.count);
             tokio::spawn(async move {
-                for _ in 0..count {
-                    conn.send(msg.clone()).await?;
+                if bufs.is_empty() {
+                    for _ in 0..count {
+                        conn.send(msg.clone()).await?;
+                    }
+                } else {
+                    conn = send_from_buffers(conn, bufs, count).await?;
                 }
                 match conn.recv().await? {
                     Some(reply) if reply[..] == b"!"[..] => {}
@@ -204,12 +253,15 @@ async fn client(addr: SocketAddr, config: Config, a: &Args) -> Result<(), Error>
         &[
             (
                 "mode",
-                if a.busy_poll.is_some() {
-                    "busy"
-                } else {
-                    "event"
-                }
-                .into(),
+                format!(
+                    "{}{}",
+                    if a.busy_poll.is_some() {
+                        "busy"
+                    } else {
+                        "event"
+                    },
+                    if a.zero_copy.is_some() { "-zc" } else { "" }
+                ),
             ),
             ("conns", a.conns.to_string()),
             ("size", a.size.to_string()),

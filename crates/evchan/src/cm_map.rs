@@ -63,14 +63,31 @@ pub(crate) struct Pools<M> {
     pub(crate) free_ctrl: Vec<Slot>,
 }
 
+/// The RDMA READs and atomics a connection takes (as target) and issues at once, at most: a
+/// window of READs in flight, as perftest's `ib_read_bw` keeps, at a small cost per QP in the
+/// device (rdma_rxe keeps a responder record per READ in flight).
+pub(crate) const READ_DEPTH: u8 = 16;
+
+/// [`READ_DEPTH`] within a device's limits ([`evchan_core::verbs::Context::max_reads`]), 1 if
+/// they cannot be read.
+pub(crate) fn read_depth(ctx: &evchan_core::verbs::Context) -> u8 {
+    ctx.max_reads().map_or(1, |(responder, initiator)| {
+        READ_DEPTH.min(responder).min(initiator).max(1)
+    })
+}
+
 /// The connection parameters of both sides: `wire` as private data, RNR retried without
-/// end, as plain librdmacm programs expect (evchan peers never cause an RNR: credits), and the
-/// transport's retries (`Config::retry_count`; the IB CM takes the connecting side's for both).
-pub(crate) fn conn_param(wire: &[u8], retry_count: u8) -> ConnParam<'_> {
+/// end, as plain librdmacm programs expect (evchan peers never cause an RNR: credits), the
+/// transport's retries (`Config::retry_count`; the IB CM takes the connecting side's for both),
+/// and `reads` READs and atomics taken and issued at once (librdmacm keeps the QP's issuing
+/// depth within what the peer's reply or request grants).
+pub(crate) fn conn_param(wire: &[u8], retry_count: u8, reads: u8) -> ConnParam<'_> {
     ConnParam::new()
         .private_data(wire)
         .rnr_retry_count(7)
         .retry_count(retry_count)
+        .responder_resources(reads)
+        .initiator_depth(reads)
 }
 
 /// `ADDR_ERROR` / `ROUTE_ERROR` (and their timeouts) of `step`.

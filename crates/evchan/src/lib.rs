@@ -53,6 +53,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod buffer;
 mod cm_map;
 mod config;
 mod connection;
@@ -66,6 +67,7 @@ mod stream;
 mod wait;
 mod wire;
 
+pub use buffer::{Buffer, BufferError, BufferResult};
 pub use config::Config;
 pub use connection::{
     ConnectBuilder, Connection, RecvHalf, SendHalf, MAX_ACCEPT_PRIVATE_DATA,

@@ -39,8 +39,10 @@
 //!   [`Lost::WorkCompletion`](crate::Lost::WorkCompletion) (a remote access error) and, as for
 //!   any failed work request on a reliable connection, the connection is lost.
 //! - READ and atomics need the peer to have granted responder resources when the connection
-//!   was set up: every evchan peer and rping grant one; where a plain peer granted none they
-//!   are refused ([`Error::NoReadResources`]).
+//!   was set up: an evchan connection grants and asks for up to 16 READs and atomics in
+//!   flight at once (fewer where the device takes fewer), rping grants one; where a plain
+//!   peer granted none they are refused ([`Error::NoReadResources`]). Beyond what the peer
+//!   granted, the device holds them back until earlier ones complete.
 //! - An error returned after the operation was posted (the connection lost meanwhile) does not
 //!   say that it did not take effect: a WRITE may have landed, an atomic may have applied.
 //! - Cancel safety: dropping an operation's future before it was posted posts nothing;
@@ -68,11 +70,13 @@ pub use evchan_core::verbs::{
 use std::future::poll_fn;
 
 use bytes::Bytes;
-use evchan_core::verbs::{Error as VerbsError, Mr, QpHandle, Slot, SlotPool, SlotPostError};
+use evchan_core::verbs::{
+    Error as VerbsError, Mr, OwnedMr, QpHandle, Slot, SlotPool, SlotPostError,
+};
 
 use crate::error::{Error, Result};
 use crate::wait::Role;
-use crate::wire::{Fetch, Fetched, PostRemote, RemoteOp, Waiting, Wire};
+use crate::wire::{Fetch, Fetched, PostRemote, Poster, RemoteOp, Waiting, Wire};
 use crate::{Connection, SendHalf};
 
 /// A one-sided operation's future's hold on its posted work request: dropped before the
@@ -92,16 +96,30 @@ impl Drop for Hold<'_> {
 }
 
 async fn run(wire: &Wire, fetch: Fetch, post: &PostRemote<'_>) -> Result<Fetched> {
+    run_op(wire, fetch, Poster::Slot(post), None, None).await.0
+}
+
+/// Posts (or, `posted`, has posted) an operation, and waits for its completion: its result,
+/// and the registered buffer it had (`mr`), if the device gave it back.
+pub(crate) async fn run_op(
+    wire: &Wire,
+    fetch: Fetch,
+    post: Poster<'_>,
+    mr: Option<OwnedMr<Vec<u8>>>,
+    posted: Option<u64>,
+) -> (Result<Fetched>, Option<OwnedMr<Vec<u8>>>) {
     let mut waiting = Waiting::new(wire, Role::Remote);
     let mut hold = Hold {
         wire,
         op: RemoteOp {
             fetch,
             post,
-            posted: None,
+            posted,
+            buffer: mr,
         },
     };
-    poll_fn(|cx| wire.poll_remote(cx, &mut hold.op, &mut waiting.wait)).await
+    let r = poll_fn(|cx| wire.poll_remote(cx, &mut hold.op, &mut waiting.wait)).await;
+    (r, hold.op.buffer.take())
 }
 
 /// The checks before an operation waits for anything: the half is not shut down, the
@@ -119,7 +137,7 @@ fn check(half: &SendHalf, len: usize, range: std::result::Result<u64, RemoteErro
 }
 
 /// The peer's range of `len` bytes at `offset` in `d`, 0 bytes refused.
-fn bytes<A: Access>(
+pub(crate) fn range<A: Access>(
     d: &RemoteBuf<A>,
     offset: u64,
     len: usize,
@@ -179,7 +197,7 @@ impl SendHalf {
         data: impl AsRef<[u8]>,
     ) -> Result<()> {
         let data = data.as_ref();
-        check(self, data.len(), bytes(to, offset, data.len()))?;
+        check(self, data.len(), range(to, offset, data.len()))?;
         let post = |qp: &QpHandle, mr: &Mr<'_, SlotPool>, mut slot: Slot| {
             if slot.copy_from(data).is_err() {
                 return Err(SlotPostError {
@@ -202,7 +220,7 @@ impl SendHalf {
         offset: u64,
         len: usize,
     ) -> Result<Bytes> {
-        check(self, len, bytes(from, offset, len))?;
+        check(self, len, range(from, offset, len))?;
         let post = |qp: &QpHandle, mr: &Mr<'_, SlotPool>, slot: Slot| {
             qp.post_read_slot(mr, slot, from, offset, len)
         };

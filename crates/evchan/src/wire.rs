@@ -47,7 +47,7 @@ use crate::runtime::ConnId;
 use crate::wait::{Place, Role, Taken, Waiters};
 
 mod remote;
-pub(crate) use remote::{Fetch, Fetched, PostRemote, RemoteOp};
+pub(crate) use remote::{Fetch, Fetched, PostBuffer, PostRemote, Poster, RemoteOp};
 
 /// How many completions one poll of the CQ takes.
 const POLL_BATCH: usize = 32;
@@ -297,6 +297,9 @@ struct Path {
     free_ctrl: Vec<Slot>,
     /// Posted and not completed, in posting order (completions come in that order per queue).
     posted_send: VecDeque<(PostedSlot, Wr)>,
+    /// Work requests from registered buffers (messages and one-sided operations), posted and
+    /// not completed, in posting order.
+    posted_mr: VecDeque<remote::InFlight>,
     posted_recv: VecDeque<PostedSlot>,
     /// Data received and not yet taken by `recv`.
     received: VecDeque<Slot>,
@@ -360,6 +363,7 @@ impl Wire {
                 free_data,
                 free_ctrl,
                 posted_send: VecDeque::new(),
+                posted_mr: VecDeque::new(),
                 posted_recv: posted_recv.into(),
                 received: VecDeque::new(),
                 sends_in_flight: 0,
@@ -472,6 +476,33 @@ impl Wire {
         data: &[u8],
         wait: &mut Wait,
     ) -> Poll<Result<()>> {
+        self.poll_send_with(cx, wait, &mut |path| path.post_data(data))
+    }
+
+    /// [`poll_send`](Self::poll_send) of the first `len` bytes of the registered buffer in
+    /// `mr`, zero-copy: `Ready(Ok(id))` once posted (the buffer is then with the device until
+    /// the completion of the work request `id`, which [`poll_remote`](Self::poll_remote) with
+    /// [`Poster::Posted`] waits for); on an error the buffer stays in `mr`.
+    pub(crate) fn poll_send_buffer(
+        &self,
+        cx: &mut Context<'_>,
+        mr: &mut Option<OwnedMr<Vec<u8>>>,
+        len: usize,
+        wait: &mut Wait,
+    ) -> Poll<Result<u64>> {
+        let mut id = None;
+        let r = std::task::ready!(self.poll_send_with(cx, wait, &mut |path| {
+            path.post_data_buffer(mr, len, &mut id)
+        }));
+        Poll::Ready(r.map(|()| id.expect("posted")))
+    }
+
+    fn poll_send_with(
+        &self,
+        cx: &mut Context<'_>,
+        wait: &mut Wait,
+        post: &mut dyn FnMut(&mut Path) -> Posted,
+    ) -> Poll<Result<()>> {
         let mut path = self.lock();
         let done = loop {
             if let Some(e) = path.send_error() {
@@ -485,7 +516,7 @@ impl Wire {
                 return Poll::Pending;
             }
             if path.can_send() {
-                match path.post_data(data) {
+                match post(&mut path) {
                     Posted::Yes => break Ok(()),
                     Posted::Failed => continue,
                     Posted::QueueFull => {}
@@ -714,6 +745,10 @@ impl Wire {
             }
             path.stop.get_or_insert(Stop::Lost(why));
             path.posted_send.clear();
+            // The QP is destroyed: the device is done with these buffers (each is
+            // deregistered, then freed; a future still waiting learns that the connection
+            // ended, without its buffer).
+            path.posted_mr.clear();
             path.posted_recv.clear();
             path.remote_in_flight = 0;
             if let Some((device, qp_num)) = path.qp_key.take() {
@@ -924,6 +959,46 @@ impl Path {
             }
             Err(e) => {
                 self.free_data.push(e.slot);
+                self.lose(post_failed(&e.error));
+                Posted::Failed
+            }
+        }
+    }
+
+    /// Posts the first `len` bytes of the registered buffer `mr` as a message, zero-copy, with
+    /// a free send slot as its send queue entry's token (the caller checked [`can_send`]);
+    /// `id`: its work request id, whose entry in [`Path::remote`] waits for the completion.
+    fn post_data_buffer(
+        &mut self,
+        mr: &mut Option<OwnedMr<Vec<u8>>>,
+        len: usize,
+        id: &mut Option<u64>,
+    ) -> Posted {
+        let (Some(objects), Some(buffer)) = (&self.objects, mr.take()) else {
+            return Posted::Failed;
+        };
+        let token = self.free_data.pop().expect("checked by can_send");
+        let saved = self.credits.clone();
+        let imm = self.credits.as_mut().and_then(Credits::send_data);
+        match objects.qp.post_send_mr(buffer, len, imm) {
+            Ok(posted) => {
+                let wr_id = posted.wr_id();
+                self.sends_in_flight += 1;
+                self.posted_mr
+                    .push_back(remote::InFlight::new(posted, token));
+                self.remote
+                    .insert(wr_id, remote::Entry::new(Fetch::Nothing));
+                *id = Some(wr_id);
+                Posted::Yes
+            }
+            Err(e) => {
+                self.credits = saved;
+                self.free_data.push(token);
+                let queue_full = e.is_queue_full();
+                *mr = Some(e.mr);
+                if queue_full {
+                    return Posted::QueueFull;
+                }
                 self.lose(post_failed(&e.error));
                 Posted::Failed
             }
@@ -1162,6 +1237,15 @@ impl Path {
     }
 
     fn on_wc(&mut self, wc: &WorkCompletion) {
+        if !self.posted_mr.is_empty() {
+            if let Some(i) = self.posted_mr.iter().position(|f| f.is_completed_by(wc)) {
+                let done = self.posted_mr.remove(i).expect("found");
+                self.remote_news = true;
+                self.on_buffer(done, wc);
+                self.on_status(false, wc);
+                return;
+            }
+        }
         let Some((posted, kind)) = self.take_posted(wc) else {
             return;
         };
@@ -1191,16 +1275,18 @@ impl Path {
                 self.free_ctrl.push(slot);
             }
         }
-        if !ok {
-            if wc.status() == WcStatus::WrFlush {
-                self.flushed = true;
-            } else {
-                self.lose(cm_map::wc_failure(
-                    kind == Wr::Recv,
-                    wc.status(),
-                    self.max_recv,
-                ));
-            }
+        self.on_status(kind == Wr::Recv, wc);
+    }
+
+    /// A failed completion (`recv`: of a receive) loses the connection; a flush is noted.
+    fn on_status(&mut self, recv: bool, wc: &WorkCompletion) {
+        if wc.is_success() {
+            return;
+        }
+        if wc.status() == WcStatus::WrFlush {
+            self.flushed = true;
+        } else {
+            self.lose(cm_map::wc_failure(recv, wc.status(), self.max_recv));
         }
     }
 

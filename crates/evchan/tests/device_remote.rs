@@ -437,3 +437,119 @@ async fn the_remote_write_example_runs() {
         .await
         .unwrap_or_else(|e| panic!("examples/remote_write.rs: {e}"));
 }
+
+/// Registered buffers: a WRITE and a READ larger than a message, a message sent from a
+/// buffer in order with copied ones, refusals that give the buffer back, and operations
+/// dropped at their first poll that lose no slot.
+#[tokio::test]
+async fn buffers_move_bytes_without_a_copy_and_come_back() {
+    require_device!();
+    const BIG: usize = 200_000;
+    let (mut clients, servers) = connected(port(10), 1).await;
+    let (mut client, mut server) = (clients.remove(0), servers.into_iter().next().unwrap());
+    let rw = server.expose::<RemoteReadWrite>(256 << 10).unwrap();
+    let there = hand_over(&server, &mut client, rw.descriptor()).await;
+
+    // One WRITE of 200,000 bytes (the messages here are 1 KiB), and one READ of them back.
+    let mut out = client.buffer(BIG).unwrap();
+    for (i, b) in out.iter_mut().enumerate() {
+        *b = (i % 251) as u8;
+    }
+    let out = step("write_buffer", client.write_buffer(&there, 1000, out))
+        .await
+        .unwrap();
+    assert_eq!((out.len(), out.capacity()), (BIG, BIG));
+    let back = client.buffer(BIG).unwrap();
+    let back = step("read_buffer", client.read_buffer(&there, 1000, back))
+        .await
+        .unwrap();
+    assert!(back[..] == out[..], "the READ brought other bytes");
+
+    // Refused before posting, each with its buffer back; the connection goes on.
+    let e = client
+        .write_buffer(&there, 256 << 10, back)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(e.error, Error::Remote(RemoteError::OutOfBounds { .. })),
+        "{e:?}"
+    );
+    let mut big = e.buffer.expect("a refusal gives the buffer back");
+    let e = client.send_buffer(big).await.unwrap_err();
+    assert!(
+        matches!(
+            e.error,
+            Error::MessageTooLarge {
+                len: BIG,
+                max: 1024
+            }
+        ),
+        "{e:?}"
+    );
+    big = e.buffer.unwrap();
+    big.set_len(0).unwrap();
+    let e = client.read_buffer(&there, 0, big).await.unwrap_err();
+    assert!(
+        matches!(e.error, Error::Remote(RemoteError::Empty)),
+        "{e:?}"
+    );
+    assert!(e.buffer.unwrap().set_len(BIG + 1).is_err());
+
+    // Messages from a buffer, in order with copied ones.
+    let mut msg = client.buffer(1024).unwrap();
+    for i in 0..20u8 {
+        msg.set_len(usize::from(i) + 1).unwrap();
+        msg.fill(i);
+        msg = step("send_buffer", client.send_buffer(msg)).await.unwrap();
+        step("send", client.send([i, i])).await.unwrap();
+        let m = step("recv", server.recv()).await.unwrap().unwrap();
+        assert_eq!(&m[..], &vec![i; usize::from(i) + 1][..]);
+        let m = step("recv", server.recv()).await.unwrap().unwrap();
+        assert_eq!(&m[..], &[i, i]);
+    }
+
+    // Dropped at their first poll (posted or not): every slot comes back.
+    let mut dropped = 0;
+    for i in 0..50u8 {
+        let mut b = client.buffer(4096).unwrap();
+        b.fill(i + 1);
+        if tokio::time::timeout(Duration::ZERO, client.write_buffer(&there, 4096, b))
+            .await
+            .is_err()
+        {
+            dropped += 1;
+        }
+        let b = client.buffer(4096).unwrap();
+        if tokio::time::timeout(Duration::ZERO, client.read_buffer(&there, 0, b))
+            .await
+            .is_err()
+        {
+            dropped += 1;
+        }
+    }
+    for i in 0..40u8 {
+        step("write", client.write(&there, u64::from(i), [i]))
+            .await
+            .unwrap();
+    }
+    let bytes = step("read", client.read(&there, 0, 40)).await.unwrap();
+    assert_eq!(&bytes[..], &(0..40).collect::<Vec<u8>>()[..]);
+    step("send", client.send("after")).await.unwrap();
+    assert_eq!(
+        &step("recv", server.recv()).await.unwrap().unwrap()[..],
+        b"after"
+    );
+    step("close", client.close()).await.unwrap();
+    let bytes = rw.revoke().unwrap();
+    let w = &bytes[4096..8192];
+    // The last WRITE posted landed whole (over the pattern of the first one).
+    assert!(
+        (1..=50).contains(&w[0]),
+        "no WRITE dropped after its post landed"
+    );
+    assert!(
+        w.iter().all(|b| *b == w[0]),
+        "a dropped WRITE landed in part"
+    );
+    eprintln!("buffer operations dropped at their first poll: {dropped} of 100");
+}

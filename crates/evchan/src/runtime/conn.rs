@@ -111,8 +111,11 @@ pub(super) struct Conn<'s> {
     /// released.
     pub(super) live: Option<[super::half_open::HalfOpen; 2]>,
     /// The RDMA READs and atomics the peer takes as target at once, as its request or reply
-    /// said (0: none; our side asks for 1).
+    /// said (0: none; our side asks for `read_depth`).
     pub(super) reads: u8,
+    /// The READs and atomics this side takes and issues at once: [`crate::cm_map::READ_DEPTH`]
+    /// within the device's limits (set with the QP).
+    pub(super) read_depth: u8,
     /// This side connects (`Connection::connect`); a listener's connection otherwise.
     pub(super) active: bool,
 }
@@ -144,6 +147,7 @@ impl Conn<'_> {
             half_open: None,
             live: None,
             reads: 0,
+            read_depth: 1,
             active: false,
         }
     }

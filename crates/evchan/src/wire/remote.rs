@@ -9,8 +9,8 @@ use std::task::{Context, Poll};
 
 use bytes::Bytes;
 use evchan_core::verbs::{
-    atomic_result, Error as VerbsError, Mr, PostedSlot, QpHandle, Slot, SlotPool, SlotPostError,
-    WcStatus, WorkCompletion,
+    atomic_result, Error as VerbsError, Mr, MrPostError, OwnedMr, PostedMr, PostedSlot, QpHandle,
+    Slot, SlotPool, SlotPostError, WcStatus, WorkCompletion,
 };
 
 use super::{post_failed, Path, Spun, Wait, Wire, Wr};
@@ -23,6 +23,47 @@ pub(crate) type PostRemote<'a> = dyn Fn(&QpHandle, &Mr<'_, SlotPool>, Slot) -> s
     + Send
     + Sync
     + 'a;
+
+/// Posts one operation (or message) from a registered buffer, zero-copy.
+pub(crate) type PostBuffer<'a> = dyn Fn(&QpHandle, OwnedMr<Vec<u8>>) -> std::result::Result<PostedMr<Vec<u8>>, MrPostError<Vec<u8>>>
+    + Send
+    + Sync
+    + 'a;
+
+/// How an operation posts.
+#[derive(Clone, Copy)]
+pub(crate) enum Poster<'a> {
+    /// Through a data slot, which holds its local bytes.
+    Slot(&'a PostRemote<'a>),
+    /// From the registered buffer in [`RemoteOp::buffer`] (a data slot is its send queue
+    /// entry's token, its bytes unused).
+    Buffer(&'a PostBuffer<'a>),
+    /// Posted already (a message from a buffer, which waits for its completion here).
+    Posted,
+}
+
+/// A work request from a registered buffer, posted and not completed, with the data slot that
+/// stands for its send queue entry.
+pub(crate) struct InFlight {
+    posted: PostedMr<Vec<u8>>,
+    token: Slot,
+    /// A message (counted as a send), not a one-sided operation.
+    message: bool,
+}
+
+impl InFlight {
+    pub(super) fn new(posted: PostedMr<Vec<u8>>, token: Slot) -> Self {
+        Self {
+            posted,
+            token,
+            message: true,
+        }
+    }
+
+    pub(super) fn is_completed_by(&self, wc: &WorkCompletion) -> bool {
+        self.posted.is_completed_by(wc)
+    }
+}
 
 /// What an operation's completion brings back.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -48,6 +89,19 @@ pub(crate) enum Fetched {
 pub(crate) struct Entry {
     fetch: Fetch,
     done: Option<Done>,
+    /// A registered buffer's region, back from the device with the completion.
+    buffer: Option<OwnedMr<Vec<u8>>>,
+}
+
+impl Entry {
+    /// A posted work request's, waiting for its completion.
+    pub(super) fn new(fetch: Fetch) -> Self {
+        Self {
+            fetch,
+            done: None,
+            buffer: None,
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -61,15 +115,18 @@ pub(crate) enum Done {
 /// A one-sided operation's future's state.
 pub(crate) struct RemoteOp<'a> {
     pub(crate) fetch: Fetch,
-    pub(crate) post: &'a PostRemote<'a>,
+    pub(crate) post: Poster<'a>,
     /// The work request id, once posted and until its result is taken.
     pub(crate) posted: Option<u64>,
+    /// A registered buffer: to post (with [`Poster::Buffer`]), then, after the completion,
+    /// back. Not here while the device may use it.
+    pub(crate) buffer: Option<OwnedMr<Vec<u8>>>,
 }
 
 impl Path {
     /// Posts `op` from a free data slot: its work request id; `None` when no slot is free or
     /// the send queue is full (wait for a completion).
-    fn post_remote(&mut self, op: &RemoteOp<'_>) -> Result<Option<u64>> {
+    fn post_remote(&mut self, op: &mut RemoteOp<'_>) -> Result<Option<u64>> {
         let Some(objects) = &self.objects else {
             return Err(self.ended());
         };
@@ -79,35 +136,66 @@ impl Path {
         let Some(slot) = self.free_data.pop() else {
             return Ok(None);
         };
-        match (op.post)(&objects.qp, objects.send_mr.mr(), slot) {
+        let post = match op.post {
+            Poster::Slot(post) => post,
+            Poster::Buffer(post) => return self.post_remote_buffer(op, post, slot),
+            Poster::Posted => unreachable!("a posted operation is not posted again"),
+        };
+        match post(&objects.qp, objects.send_mr.mr(), slot) {
             Ok(posted) => {
                 let id = posted.wr_id();
                 self.posted_send.push_back((posted, Wr::Remote));
-                self.remote_in_flight += 1;
-                self.remote.insert(
-                    id,
-                    Entry {
-                        fetch: op.fetch,
-                        done: None,
-                    },
-                );
-                Ok(Some(id))
+                Ok(Some(self.track(id, op.fetch)))
             }
-            Err(e) if e.is_queue_full() => {
-                self.free_data.push(e.slot);
-                Ok(None)
+            Err(SlotPostError { slot, error }) => self.refused(slot, error),
+        }
+    }
+
+    /// Posts `op` from its registered buffer, with `token` for its send queue entry.
+    fn post_remote_buffer(
+        &mut self,
+        op: &mut RemoteOp<'_>,
+        post: &PostBuffer<'_>,
+        token: Slot,
+    ) -> Result<Option<u64>> {
+        let (Some(objects), Some(mr)) = (&self.objects, op.buffer.take()) else {
+            self.free_data.push(token);
+            return Err(self.ended());
+        };
+        match post(&objects.qp, mr) {
+            Ok(posted) => {
+                let id = posted.wr_id();
+                self.posted_mr.push_back(InFlight {
+                    posted,
+                    token,
+                    message: false,
+                });
+                Ok(Some(self.track(id, op.fetch)))
             }
-            Err(SlotPostError {
-                slot,
-                error: VerbsError::Remote(r),
-            }) => {
-                // Checked before posting: nothing was posted, the connection goes on.
-                self.free_data.push(slot);
-                Err(Error::Remote(r))
+            Err(MrPostError { mr, error }) => {
+                op.buffer = Some(mr);
+                self.refused(token, error)
             }
-            Err(e) => {
-                self.free_data.push(e.slot);
-                self.lose(post_failed(&e.error));
+        }
+    }
+
+    /// The posted operation `id` is in flight, its future waiting for what it `fetch`es.
+    fn track(&mut self, id: u64, fetch: Fetch) -> u64 {
+        self.remote_in_flight += 1;
+        self.remote.insert(id, Entry::new(fetch));
+        id
+    }
+
+    /// A post refused `error`, `slot` back to the pool: a full send queue is waited out
+    /// (`Ok(None)`), a range checked before posting is the caller's error (the connection
+    /// goes on), anything else loses the connection.
+    fn refused(&mut self, slot: Slot, error: VerbsError) -> Result<Option<u64>> {
+        self.free_data.push(slot);
+        match error {
+            e if e.is_queue_full() => Ok(None),
+            VerbsError::Remote(r) => Err(Error::Remote(r)),
+            e => {
+                self.lose(post_failed(&e));
                 Err(self.ended())
             }
         }
@@ -117,25 +205,52 @@ impl Path {
     /// its slot back to the pool.
     pub(super) fn on_remote(&mut self, slot: Slot, wc: &WorkCompletion) {
         self.remote_in_flight = self.remote_in_flight.saturating_sub(1);
+        self.settle(wc, |fetch| match fetch {
+            Fetch::Nothing => Fetched::Nothing,
+            Fetch::Bytes => Fetched::Bytes(Bytes::copy_from_slice(slot.as_slice())),
+            Fetch::Word => Fetched::Word(atomic_result(&slot).unwrap_or_default()),
+        });
+        self.free_data.push(slot);
+    }
+
+    /// A work request from a registered buffer completed (a message, or a one-sided
+    /// operation): its region goes to its future (if still there; else it is deregistered and
+    /// freed now), its token back to the pool.
+    pub(super) fn on_buffer(&mut self, done: InFlight, wc: &WorkCompletion) {
+        let Ok(mr) = done.posted.complete(wc) else {
+            unreachable!("found by its completion");
+        };
+        if done.message {
+            self.sends_in_flight = self.sends_in_flight.saturating_sub(1);
+            if !wc.is_success() {
+                self.undelivered = true;
+            }
+        } else {
+            self.remote_in_flight = self.remote_in_flight.saturating_sub(1);
+        }
+        self.free_data.push(done.token);
+        self.settle(wc, |_| Fetched::Nothing);
+        if let Some(entry) = self.remote.get_mut(&wc.wr_id()) {
+            entry.buffer = Some(mr);
+        }
+    }
+
+    /// `wc`'s result, for its future if still there (`ok`: what a success brought, from what
+    /// the operation fetches).
+    fn settle(&mut self, wc: &WorkCompletion, ok: impl FnOnce(Fetch) -> Fetched) {
         let failed = (!wc.is_success() && wc.status() != WcStatus::WrFlush)
             .then(|| self.removed_or(cm_map::wc_failure(false, wc.status(), self.max_recv)));
         let Some(entry) = self.remote.get_mut(&wc.wr_id()) else {
             // Its future was dropped.
-            self.free_data.push(slot);
             return;
         };
         entry.done = Some(if wc.is_success() {
-            Done::Ok(match entry.fetch {
-                Fetch::Nothing => Fetched::Nothing,
-                Fetch::Bytes => Fetched::Bytes(Bytes::copy_from_slice(slot.as_slice())),
-                Fetch::Word => Fetched::Word(atomic_result(&slot).unwrap_or_default()),
-            })
+            Done::Ok(ok(entry.fetch))
         } else if let Some(lost) = failed {
             Done::Failed(lost)
         } else {
             Done::Flushed
         });
-        self.free_data.push(slot);
     }
 
     /// Why the connection cannot carry an operation: it ended.
@@ -145,9 +260,13 @@ impl Path {
     }
 
     /// The result of `id`'s operation, once it completed (taken out of the table).
-    fn take_done(&mut self, id: u64) -> Option<Result<Fetched>> {
+    fn take_done(
+        &mut self,
+        id: u64,
+        buffer: &mut Option<OwnedMr<Vec<u8>>>,
+    ) -> Option<Result<Fetched>> {
         let done = self.remote.get_mut(&id)?.done.take()?;
-        self.remote.remove(&id);
+        *buffer = self.remote.remove(&id).and_then(|e| e.buffer);
         Some(match done {
             Done::Ok(f) => Ok(f),
             Done::Failed(lost) => Err(Error::ConnectionLost(lost)),
@@ -185,7 +304,7 @@ impl Wire {
                     }
                 }
                 Some(id) => {
-                    if let Some(r) = path.take_done(id) {
+                    if let Some(r) = path.take_done(id, &mut op.buffer) {
                         op.posted = None;
                         break r;
                     }
@@ -222,6 +341,16 @@ impl Wire {
     /// goes, and the slot comes back at the completion (or now, if it came).
     pub(crate) fn forget_remote(&self, id: u64) {
         self.lock().remote.remove(&id);
+    }
+
+    /// Whether `pd` is the connection's protection domain (a buffer registered there can be
+    /// posted on it); `Err` once the connection's objects are released.
+    pub(crate) fn is_pd(&self, pd: &evchan_core::verbs::OwnedPd) -> Result<bool> {
+        let path = self.lock();
+        match &path.objects {
+            Some(o) => Ok(o.pd == *pd),
+            None => Err(path.ended()),
+        }
     }
 
     /// The connection's protection domain, while the connection holds its objects.

@@ -116,6 +116,10 @@ const STREAMS: &[(u32, u32, u32)] = &[
     (65536, 2000, 1),
     (64, 10_000, 4),
 ];
+/// The zero-copy throughput runs (event mode): (size, count, registered buffers per
+/// connection), `tools_stream --zero-copy` against `ib_send_bw -R -e`, which sends from
+/// registered memory too.
+const ZERO_COPY: &[(u32, u32, u32)] = &[(65536, 2000, 16)];
 /// The one-sided runs: (figure: `tools_remote`'s `mode-poll`, its flags, the perftest tool
 /// and its flags). `COUNT` stands for the operations of a run; `ib_write_bw` has no event
 /// mode, so both of ours are against its polling.

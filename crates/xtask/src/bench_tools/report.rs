@@ -8,7 +8,7 @@ use super::parse::{Results, Rounds};
 use super::{
     Plan, BUSY_POLL_US, CG_DRIVERS, CG_ITERS, CG_WARMUP, CHANNELS, DRAIN_ROUNDS, DRIVERS,
     EVENT_CONNS, EVENT_LAYERS, IN_FLIGHT, LAYERS, REMOTE, REMOTE_BW_OPS, REMOTE_LAT_OPS, STEPS,
-    STREAMS,
+    STREAMS, ZERO_COPY,
 };
 
 /// What begins the name of every tracked ratio of the tools run (and of no criterion row).
@@ -384,7 +384,9 @@ impl Results {
              and `BW average`), right before ours in each round; {} rounds. Event mode: ours \
              sleeping on the completion channel when it waits, against `ib_send_bw -R -e`; \
              busy-poll: `Config::busy_poll({BUSY_POLL_US} µs)` against `ib_send_bw -R`, which \
-             polls always. MB = 2^20 bytes.\n\n",
+             polls always. Zero-copy: `tools_stream --zero-copy B`, the messages sent from B \
+             registered buffers (`Connection::send_buffer`), B in flight at once, against \
+             `ib_send_bw -R -e`, right before ours in each round. MB = 2^20 bytes.\n\n",
             plan.stream_rounds
         );
         out.push_str(header);
@@ -429,6 +431,27 @@ impl Results {
                     Track::Rate,
                 );
             }
+        }
+        for (size, _, buffers) in ZERO_COPY {
+            let get = |who: &str| -> Rounds {
+                self.bw
+                    .get(&("event-zc".to_owned(), *size, 1, who.to_owned()))
+                    .map(|v| v.iter().map(|(r, x)| (*r, x.1)).collect())
+                    .unwrap_or_default()
+            };
+            row_text(
+                out,
+                &format!(
+                    "MB/s, {} KiB, 1 connection, zero-copy from {buffers} registered buffers, \
+                     event mode vs `ib_send_bw -R -e`",
+                    size / 1024
+                ),
+                &get("ours"),
+                &get("tool"),
+                "",
+                Some(Target::AtLeast(0.95)),
+                Track::Rate,
+            );
         }
     }
 }

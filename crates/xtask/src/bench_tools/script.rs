@@ -7,6 +7,7 @@ use std::path::Path;
 use super::{
     Plan, ADDR, BUSY_POLL_US, CG_DRIVERS, CG_ITERS, CG_WARMUP, CHANNELS, CONNS, DRAIN_ROUNDS,
     DRIVERS, EVENT_CONNS, IN_FLIGHT, LAYERS, REMOTE, REMOTE_BW_OPS, REMOTE_LAT_OPS, STREAMS,
+    ZERO_COPY,
 };
 use crate::vm;
 
@@ -127,6 +128,17 @@ pub(super) fn script(examples: &Path, plan: &Plan) -> String {
             let _ = writeln!(s, "st {run}");
             let _ = writeln!(s, "isb 'mode=busy {what}' -s {size} -n {count}{q}");
             let _ = writeln!(s, "st {run} --busy-poll-us {BUSY_POLL_US}");
+        }
+        for (size, count, buffers) in ZERO_COPY {
+            let count = (count / plan.stream_scale).max(1);
+            let _ = writeln!(
+                s,
+                "isb 'mode=event-zc size={size} conns=1' -e -s {size} -n {count}"
+            );
+            let _ = writeln!(
+                s,
+                "st --size {size} --count {count} --conns 1 --zero-copy {buffers}"
+            );
         }
     }
     s.push_str("echo '@@tools phase one-sided'\n");
@@ -252,7 +264,8 @@ mod tests {
             .lines()
             .filter(|l| l.starts_with("isb ") || l.starts_with("st "))
             .collect();
-        assert_eq!(runs.len(), 2 * 4 * STREAMS.len(), "{s}");
+        let per_round = 4 * STREAMS.len() + 2 * ZERO_COPY.len();
+        assert_eq!(runs.len(), 2 * per_round, "{s}");
         assert_eq!(
             &runs[..4],
             [
@@ -263,7 +276,12 @@ mod tests {
             ]
         );
         assert!(runs.contains(&"isb 'mode=event size=64 conns=4' -e -s 64 -n 5000 -q 4"));
-        assert_eq!(runs[..16], runs[16..]);
+        let zc = runs.iter().position(|l| l.contains("--zero-copy")).unwrap();
+        assert_eq!(
+            runs[zc - 1],
+            "isb 'mode=event-zc size=65536 conns=1' -e -s 65536 -n 1000"
+        );
+        assert_eq!(runs[..per_round], runs[per_round..]);
     }
 
     #[test]

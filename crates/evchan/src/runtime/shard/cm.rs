@@ -123,7 +123,8 @@ impl<'s> Shard<'s> {
         let wire = handshake(c);
         // Our initiator depth within the responder resources the request granted (the IB CM's
         // rule for the reply); 0 where it granted none.
-        let param = conn_param(&wire, c.config.retry_count).initiator_depth(c.reads.min(1));
+        let param = conn_param(&wire, c.config.retry_count, c.read_depth)
+            .initiator_depth(c.reads.min(c.read_depth));
         match id.accept(&param) {
             Ok(id) => c.id = IdState::Connecting(id),
             Err(e) => {

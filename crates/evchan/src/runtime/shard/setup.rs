@@ -125,7 +125,11 @@ impl<'s> Shard<'s> {
         }
         let c = self.conns.get_mut(&conn).expect("present");
         let wire = handshake(c);
-        match id.connect(&cm_map::conn_param(&wire, c.config.retry_count)) {
+        match id.connect(&cm_map::conn_param(
+            &wire,
+            c.config.retry_count,
+            c.read_depth,
+        )) {
             Ok(id) => c.id = IdState::Connecting(id),
             Err(e) => {
                 drop(e.id);
@@ -154,8 +158,8 @@ impl<'s> Shard<'s> {
             }
             _ => None,
         };
-        // Our side asks for 1 (`cm_map::conn_param`).
-        wire.open(credits, c.reads.min(1));
+        // Our side asks for `read_depth` (`cm_map::conn_param`).
+        wire.open(credits, c.reads.min(c.read_depth));
         c.phase = Phase::Open;
         c.deadline = None;
         c.half_open = None;
@@ -226,6 +230,7 @@ impl<'s> Shard<'s> {
             }
         };
         let c = self.conns.get_mut(&conn).expect("present");
+        c.read_depth = cm_map::read_depth(pd.context());
         let config = &c.config;
         let (cq, route) = hub.cq(config.cq_cost())?;
         let qp = target.create_qp(pd, &cq, &config.qp_init())?;
