@@ -4,8 +4,10 @@
 //! connection's send slots, and [`Connection::read`] copies them out of one: simple, and the
 //! caller's memory is free again at once. A [`Buffer`] is memory registered with the
 //! connection's device, which the device reads (or, for a READ, writes) itself: no copy, and
-//! a one-sided operation of any length the peer's descriptor allows, not only up to
-//! [`max_message_size`](Connection::max_message_size).
+//! a one-sided operation as long as the peer's descriptor allows, not only up to
+//! [`max_message_size`](Connection::max_message_size) — within the port's largest message
+//! (`ibv_port_attr::max_msg_sz`, 2 GiB on rdma_rxe), beyond which the device fails the
+//! operation and, as for any failed work request, the connection is lost.
 //!
 //! ```no_run
 //! use evchan::remote::{RemoteBuf, RemoteReadWrite};
@@ -29,18 +31,24 @@
 //!   is done with it (its work request completed), as io_uring's owned buffers do; until then
 //!   nothing else can read or write its bytes. A READ's bytes are in the buffer it gives back.
 //! - Errors give the buffer back too ([`BufferError::buffer`]), unless the connection ended
-//!   while the device still had it: the connection then deregisters and frees it.
+//!   while the device still had it (the connection then deregisters and frees it), or the
+//!   tokio runtime began to shut down while the operation waited for its completion (the
+//!   buffer then comes back to the connection at the completion, and is freed).
 //! - Cancel safety: dropped before posting, the future drops the buffer with it and nothing
 //!   is sent, written or read. Dropped after, the operation completes all the same (a message
 //!   is delivered, a WRITE lands, a READ fills the buffer) and the buffer stays with the
 //!   connection until the completion, then is deregistered and freed: the program never gets
-//!   back memory the device may still write. A forgotten future ([`std::mem::forget`]) leaks
-//!   its buffer.
+//!   back memory the device may still write. A forgotten future ([`std::mem::forget`]) never
+//!   gets its buffer: the connection keeps it, once completed, until the connection's data
+//!   path goes (as for a dropped one, nothing can reach its bytes meanwhile). A `send_buffer`
+//!   forgotten while it waits for its turn among the senders keeps its place in that line, as
+//!   a forgotten `send` does: the senders after it wait for good.
 //! - A message from a buffer is one message like any other: it needs a credit, arrives in
 //!   order with the copied ones, and is at most [`max_message_size`](Connection::max_message_size)
 //!   bytes (the peer's receive slots). Its future returns once the message's SEND completed
 //!   (on a reliable connection: the peer's device has it), not as soon as it is posted as
-//!   [`Connection::send`]'s does.
+//!   [`Connection::send`]'s does; toward a plain librdmacm peer that posts no receive, that
+//!   is never (its device answers receiver-not-ready, retried without end).
 //! - Each operation in flight takes one of the connection's send slots as its send queue
 //!   entry (the slot's bytes are not used), so at most `Config::send_depth` of them, messages
 //!   and one-sided operations together, are in flight at once.
@@ -341,7 +349,8 @@ impl Connection {
     }
 
     /// RDMA WRITE of the first [`len`](Buffer::len) bytes of `buf` at `offset` in the peer's
-    /// `to`, zero-copy and of any length inside `to`; returns the buffer once the write
+    /// `to`, zero-copy and as long as `to` allows (see the [module docs](crate::buffer) for the
+    /// bound); returns the buffer once the write
     /// completed. Otherwise as [`write`](Self::write).
     ///
     /// # Errors
@@ -358,7 +367,7 @@ impl Connection {
     }
 
     /// RDMA READ of [`buf.len()`](Buffer::len) bytes at `offset` in the peer's `from` into
-    /// `buf`, zero-copy and of any length inside `from`; returns the buffer, holding the
+    /// `buf`, zero-copy and as long as `from` allows; returns the buffer, holding the
     /// bytes, once the read completed. Otherwise as [`read`](Self::read).
     ///
     /// # Errors

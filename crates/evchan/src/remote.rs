@@ -42,7 +42,9 @@
 //!   was set up: an evchan connection grants and asks for up to 16 READs and atomics in
 //!   flight at once (fewer where the device takes fewer), rping grants one; where a plain
 //!   peer granted none they are refused ([`Error::NoReadResources`]). Beyond what the peer
-//!   granted, the device holds them back until earlier ones complete.
+//!   granted, the device holds them back until earlier ones complete. (A plain peer that
+//!   accepts with responder resources copied from our request, 16, on a device that takes
+//!   fewer, fails its accept: `rdma_accept`'s `EINVAL`.)
 //! - An error returned after the operation was posted (the connection lost meanwhile) does not
 //!   say that it did not take effect: a WRITE may have landed, an atomic may have applied.
 //! - Cancel safety: dropping an operation's future before it was posted posts nothing;

@@ -490,6 +490,11 @@ impl Wire {
         len: usize,
         wait: &mut Wait,
     ) -> Poll<Result<u64>> {
+        // The wait for the completion needs the runtime's reactor: known before posting, so
+        // that the buffer comes back with the error rather than staying with the device.
+        if let Err(e) = self.lock().watch_here() {
+            return Poll::Ready(Err(e));
+        }
         let mut id = None;
         let r = std::task::ready!(self.poll_send_with(cx, wait, &mut |path| {
             path.post_data_buffer(mr, len, &mut id)
@@ -974,8 +979,12 @@ impl Path {
         len: usize,
         id: &mut Option<u64>,
     ) -> Posted {
-        let (Some(objects), Some(buffer)) = (&self.objects, mr.take()) else {
+        // (`send_error` was checked first: without objects the connection has stopped.)
+        let Some(objects) = &self.objects else {
             return Posted::Failed;
+        };
+        let Some(buffer) = mr.take() else {
+            unreachable!("a buffer is posted once");
         };
         let token = self.free_data.pop().expect("checked by can_send");
         let saved = self.credits.clone();

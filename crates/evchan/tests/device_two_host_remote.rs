@@ -5,7 +5,11 @@
 //!   client in VM b with `-V` (which checks every ping's data);
 //! - operations dropped in flight: VM b's READs and WRITEs dropped (or forgotten) right after
 //!   their first poll, while the request is on the wire, lose no slot, and each dropped
-//!   one-byte WRITE landed or not in VM a's exposed memory (every completed one did).
+//!   one-byte WRITE landed or not in VM a's exposed memory (every completed one did);
+//! - a connection torn down under operations in flight: VM a revokes its memory and drops
+//!   the connection while VM b's tasks keep 64 KiB READs and WRITEs (from slots and from
+//!   registered buffers) in flight; every operation ends, done or with the connection's
+//!   loss, none hangs, and both runtimes serve a new connection after.
 //!
 //! Each pair (`NAME_server` in VM a, `NAME_client` in VM b) runs under
 //! `cargo xtask test --two-hosts`; see `device_two_host.rs` for how to run one by hand.
@@ -22,7 +26,7 @@ mod two_host;
 use std::time::Duration;
 
 use evchan::remote::{RemoteBuf, RemoteReadWrite};
-use evchan::{Config, Connection, Listener};
+use evchan::{Config, Connection, Error, Listener};
 use support::step;
 use support::tool::Tool;
 use two_host::{env_addr, role_is};
@@ -31,6 +35,7 @@ use two_host::{env_addr, role_is};
 const C_SERVER_PORT: u16 = 7481;
 const OUR_SERVER_PORT: u16 = 7482;
 const DROPPED_PORT: u16 = 7483;
+const TORN_DOWN_PORT: u16 = 7484;
 /// The dropped READs' size: 64 packets on the wire.
 const BIG: usize = 64 << 10;
 /// Pings per pair, and their size.
@@ -201,9 +206,15 @@ async fn dropped_in_flight_client() {
         let mut write = Box::pin(conn.write(&there, u64::from(i), [i + 1]));
         let polled = tokio::time::timeout(Duration::ZERO, &mut write).await;
         dropped.push(u8::from(polled.is_err()));
+        // And a READ into a registered buffer, which stays with the connection until its
+        // completion.
+        let buf = conn.buffer(BIG / 2).unwrap();
+        let mut into = Box::pin(conn.read_buffer(&there, 0, buf));
+        let _ = tokio::time::timeout(Duration::ZERO, &mut into).await;
         if i % 2 == 1 {
             std::mem::forget(read);
             std::mem::forget(write);
+            std::mem::forget(into);
         }
         // Their completions come meanwhile; the next operation's poll reaps them.
         tokio::time::sleep(Duration::from_millis(5)).await;
@@ -220,4 +231,134 @@ async fn dropped_in_flight_client() {
     let done = [&b"done"[..], &dropped].concat();
     step("done", conn.send(done)).await.unwrap();
     step("close", conn.close()).await.unwrap();
+}
+
+#[tokio::test]
+async fn torn_down_in_flight_server() {
+    require_device!();
+    if !role_is("server") {
+        return;
+    }
+    let me = env_addr("EVCHAN_SELF", TORN_DOWN_PORT);
+    let config = Config::new().max_message(BIG as u32);
+    let listener = step("bind", Listener::bind(me, config)).await.unwrap();
+    let incoming = tokio::time::timeout(TOOL_DEADLINE, listener.accept())
+        .await
+        .expect("a connection from VM b")
+        .unwrap();
+    let mut conn = step("accept", incoming.accept(&[])).await.unwrap();
+    let exposed = conn.expose::<RemoteReadWrite>(BIG).unwrap();
+    step("send", conn.send(exposed.descriptor().to_bytes()))
+        .await
+        .unwrap();
+    let go = step("go", conn.recv()).await.unwrap().expect("go");
+    assert_eq!(&go[..], b"go");
+    // Let the peer's operations fill the wire, then take everything away under them: the
+    // grant first (what is on the wire now meets an unknown rkey), then the connection.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    drop(exposed.revoke().unwrap());
+    drop(conn);
+    // The listener and its runtime carry on.
+    let mut again = step("accept again", async {
+        listener.accept().await?.accept(&[]).await
+    })
+    .await
+    .unwrap();
+    let msg = step("recv again", again.recv())
+        .await
+        .unwrap()
+        .expect("again");
+    assert_eq!(&msg[..], b"again");
+    step("send ok", again.send("ok")).await.unwrap();
+    step("end", again.recv()).await.unwrap();
+    step("close", again.close()).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn torn_down_in_flight_client() {
+    require_device!();
+    if !role_is("client") {
+        return;
+    }
+    let addr = env_addr("EVCHAN_PEER", TORN_DOWN_PORT);
+    let config = Config::new().max_message(BIG as u32);
+    let connect = Connection::builder().config(config.clone()).connect(addr);
+    let mut conn = step("connect", connect).await.unwrap();
+    let msg = step("descriptor", conn.recv()).await.unwrap().unwrap();
+    let there = RemoteBuf::<RemoteReadWrite>::from_bytes(&msg).unwrap();
+    step("go", conn.send("go")).await.unwrap();
+    let conn = std::sync::Arc::new(conn);
+    let mut tasks = tokio::task::JoinSet::new();
+    for t in 0..16usize {
+        let conn = std::sync::Arc::clone(&conn);
+        tasks.spawn(async move {
+            // Operations until one fails: (completed, the error, whether a buffer came back).
+            let mut buf = Some(conn.buffer(BIG).unwrap());
+            let mut done = 0u32;
+            loop {
+                let r = match (t % 4, buf.take()) {
+                    (0, Some(b)) => conn.write_buffer(&there, 0, b).await.map(Some),
+                    (1, Some(b)) => conn.read_buffer(&there, 0, b).await.map(Some),
+                    (2, b) => {
+                        buf = b;
+                        conn.write(&there, 0, vec![t as u8; BIG])
+                            .await
+                            .map(|()| None)
+                            .map_err(|e| evchan::BufferError {
+                                error: e,
+                                buffer: None,
+                            })
+                    }
+                    (_, b) => {
+                        buf = b;
+                        conn.read(&there, 0, BIG).await.map(|_| None).map_err(|e| {
+                            evchan::BufferError {
+                                error: e,
+                                buffer: None,
+                            }
+                        })
+                    }
+                };
+                match r {
+                    Ok(b) => {
+                        done += 1;
+                        if b.is_some() {
+                            buf = b;
+                        }
+                    }
+                    Err(e) => return (done, e.error, e.buffer.is_some()),
+                }
+            }
+        });
+    }
+    let ended = step("every operation ends", async {
+        let mut ended = Vec::new();
+        while let Some(r) = tasks.join_next().await {
+            ended.push(r.unwrap());
+        }
+        ended
+    })
+    .await;
+    let mut returned = 0;
+    for (done, error, back) in &ended {
+        assert!(
+            matches!(error, Error::ConnectionLost(_) | Error::PeerClosed),
+            "after {done} operations: {error:?}"
+        );
+        returned += u32::from(*back);
+    }
+    let total: u32 = ended.iter().map(|e| e.0).sum();
+    eprintln!(
+        "torn_down_in_flight_client: {total} operations completed, then all 16 tasks ended \
+         ({returned} with their buffer back): {:?}",
+        ended.iter().map(|e| e.1.to_string()).collect::<Vec<_>>()
+    );
+    drop(conn);
+    // This side's runtime carries on too.
+    let connect = Connection::builder().config(config).connect(addr);
+    let mut again = step("connect again", connect).await.unwrap();
+    step("again", again.send("again")).await.unwrap();
+    let ok = step("ok", again.recv()).await.unwrap().expect("ok");
+    assert_eq!(&ok[..], b"ok");
+    step("close", again.close()).await.unwrap();
 }

@@ -113,6 +113,9 @@ pub(super) struct Conn<'s> {
     /// The RDMA READs and atomics the peer takes as target at once, as its request or reply
     /// said (0: none; our side asks for `read_depth`).
     pub(super) reads: u8,
+    /// A listener's connection: the READs and atomics the peer's request said it issues at
+    /// once (its initiator depth), which bounds the responder resources the accept grants.
+    pub(super) asked: u8,
     /// The READs and atomics this side takes and issues at once: [`crate::cm_map::READ_DEPTH`]
     /// within the device's limits (set with the QP).
     pub(super) read_depth: u8,
@@ -147,6 +150,7 @@ impl Conn<'_> {
             half_open: None,
             live: None,
             reads: 0,
+            asked: 0,
             read_depth: 1,
             active: false,
         }

@@ -79,6 +79,8 @@ pub(super) struct Migrated<'s> {
     live: [HalfOpen; 2],
     /// The RDMA READs and atomics the peer takes as target at once (its request's).
     reads: u8,
+    /// The RDMA READs and atomics the peer issues at once (its request's initiator depth).
+    asked: u8,
 }
 
 struct Listening<'s> {

@@ -123,8 +123,12 @@ impl<'s> Shard<'s> {
         let wire = handshake(c);
         // Our initiator depth within the responder resources the request granted (the IB CM's
         // rule for the reply); 0 where it granted none.
+        // Within what the request granted (the requester's responder resources) and what it
+        // asked (its initiator depth: no more responder resources than it issues, which a
+        // plain peer's device may not take beyond).
         let param = conn_param(&wire, c.config.retry_count, c.read_depth)
-            .initiator_depth(c.reads.min(c.read_depth));
+            .initiator_depth(c.reads.min(c.read_depth))
+            .responder_resources(c.asked.min(c.read_depth));
         match id.accept(&param) {
             Ok(id) => c.id = IdState::Connecting(id),
             Err(e) => {
@@ -177,7 +181,12 @@ impl<'s> Shard<'s> {
             let listener = *listener;
             let private_data = event.private_data().to_vec();
             // The request's responder resources, as this side's initiator depth.
-            let reads = event.conn_info().map_or(0, |c| c.initiator_depth);
+            // (The kernel gives a request's parameters from this side's view: its
+            // `initiator_depth` is what the requester takes, its `responder_resources` what the
+            // requester issues.)
+            let reads = event
+                .conn_info()
+                .map_or((0, 0), |c| (c.initiator_depth, c.responder_resources));
             let request = event.take_request();
             event.ack();
             if let Some(id) = request {
@@ -219,7 +228,7 @@ impl<'s> Shard<'s> {
         listener: ConnId,
         id: CmId<'s, Requested>,
         private_data: &[u8],
-        reads: u8,
+        (reads, asked): (u8, u8),
     ) {
         let Some(l) = self.listeners.get_mut(&listener) else {
             return;
@@ -277,6 +286,7 @@ impl<'s> Shard<'s> {
             ticket,
             live: [live, memory],
             reads,
+            asked,
         };
         if target == self.env.index {
             return self.on_migrated(m);
@@ -323,6 +333,7 @@ impl<'s> Shard<'s> {
         half_open(&mut c, m.ticket);
         c.live = Some(m.live);
         c.reads = m.reads;
+        c.asked = m.asked;
         c.peer = Some(m.peer);
         c.peer_addr = peer_addr;
         c.local_addr = local_addr;
