@@ -286,14 +286,16 @@ async fn torn_down_in_flight_client() {
     let mut conn = step("connect", connect).await.unwrap();
     let msg = step("descriptor", conn.recv()).await.unwrap().unwrap();
     let there = RemoteBuf::<RemoteReadWrite>::from_bytes(&msg).unwrap();
+    // The buffers first: once the connection is lost, it registers none.
+    let bufs: Vec<_> = (0..16).map(|_| conn.buffer(BIG).unwrap()).collect();
     step("go", conn.send("go")).await.unwrap();
     let conn = std::sync::Arc::new(conn);
     let mut tasks = tokio::task::JoinSet::new();
-    for t in 0..16usize {
+    for (t, buf) in bufs.into_iter().enumerate() {
         let conn = std::sync::Arc::clone(&conn);
         tasks.spawn(async move {
             // Operations until one fails: (completed, the error, whether a buffer came back).
-            let mut buf = Some(conn.buffer(BIG).unwrap());
+            let mut buf = Some(buf);
             let mut done = 0u32;
             loop {
                 let r = match (t % 4, buf.take()) {
