@@ -8,8 +8,9 @@
 //!   one-byte WRITE landed or not in VM a's exposed memory (every completed one did);
 //! - a connection torn down under operations in flight: VM a revokes its memory and drops
 //!   the connection while VM b's tasks keep 64 KiB READs and WRITEs (from slots and from
-//!   registered buffers) in flight; every operation ends, done or with the connection's
-//!   loss, none hangs, and both runtimes serve a new connection after.
+//!   registered buffers) in flight; the bytes given back do not change after the revocation
+//!   returned, every operation ends, done or with the connection's loss, none hangs, and both
+//!   runtimes serve a new connection after.
 //!
 //! Each pair (`NAME_server` in VM a, `NAME_client` in VM b) runs under
 //! `cargo xtask test --two-hosts`; see `device_two_host.rs` for how to run one by hand.
@@ -256,7 +257,16 @@ async fn torn_down_in_flight_server() {
     // Let the peer's operations fill the wire, then take everything away under them: the
     // grant first (what is on the wire now meets an unknown rkey), then the connection.
     tokio::time::sleep(Duration::from_millis(300)).await;
-    drop(exposed.revoke().unwrap());
+    let revoked = exposed.revoke().unwrap();
+    // The revocation races 64 KiB WRITEs on the wire (64 packets each, some of nonzero
+    // bytes): once it returned, no packet places data, so the bytes given back stay as they
+    // are while the peer's requests still arrive and are refused.
+    let snapshot = revoked.to_vec();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        revoked[..] == snapshot[..],
+        "bytes changed after the revocation returned"
+    );
     drop(conn);
     // The listener and its runtime carry on.
     let mut again = step("accept again", async {
