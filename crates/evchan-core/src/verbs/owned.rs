@@ -13,7 +13,7 @@
 //! | [`OwnedCompChannel`] | its `Arc<Context>` | [`CompChannel`] ([`OwnedCompChannel::channel`]) |
 //! | [`OwnedCq`] | its [`OwnedCompChannel`] | [`Cq`] ([`OwnedCq::cq`]) |
 //! | [`OwnedMr<B>`](OwnedMr) | its [`OwnedPd`] | [`Mr`] ([`OwnedMr::mr`]) |
-//! | [`CqWaiter`] (feature `tokio`) | its [`OwnedCompChannel`] | [`AsyncWaiter`] ([`CqWaiter::waiter`]) |
+//! | `CqWaiter` (feature `tokio`) | its [`OwnedCompChannel`] | `AsyncWaiter` (`CqWaiter::waiter`) |
 //!
 //! So the wrong destroy order cannot be written: a parent goes only after its last child,
 //! whatever order the handles are dropped in, on whatever thread. What an owned handle lends is
@@ -117,7 +117,7 @@ impl fmt::Debug for OwnedPd {
 
 /// A completion channel (`ibv_create_comp_channel`) that keeps its [`Context`] alive: the
 /// owned form of [`CompChannel`]. Cheap to clone; destroyed when the last clone and the last
-/// [`OwnedCq`] and [`CqWaiter`] on it are gone.
+/// [`OwnedCq`] and `CqWaiter` (feature `tokio`) on it are gone.
 #[derive(Clone)]
 pub struct OwnedCompChannel(Arc<ffi::ChannelCell>);
 
