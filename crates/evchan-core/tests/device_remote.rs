@@ -337,3 +337,57 @@ fn registered_buffers_are_the_local_side_without_a_copy() {
     assert_eq!(got.as_slice(), &data[..11]);
     drop(out);
 }
+
+#[test]
+fn a_grant_revoked_alone_is_out_of_reach_and_the_others_stay() {
+    require_device!();
+    let _serial = SERIAL.lock().unwrap_or_else(PoisonError::into_inner);
+    let (sch, cch) = (EventChannel::new().unwrap(), EventChannel::new().unwrap());
+    let (_server, s, _rx, _client, mut c) = owned_pair(&sch, &cch, 6);
+    let mut buf = Exposed::<RemoteWrite>::new(&s.pd, 256).unwrap();
+    let first = buf.descriptor();
+    let second = buf.grant().unwrap();
+    let third = buf.grant().unwrap();
+    assert_eq!((second.addr(), second.len()), (first.addr(), first.len()));
+    assert!(first.rkey() != second.rkey() && second.rkey() != third.rkey());
+    assert_eq!(buf.grants(), 3);
+    for (d, at, what) in [
+        (&first, 0, b"first!"),
+        (&second, 8, b"second"),
+        (&third, 16, b"third!"),
+    ] {
+        let slot = slot_with(&mut c, what);
+        let (wc, slot) = run(&c, |c| c.qp.post_write_slot(c.mr.mr(), slot, d, at, None));
+        assert!(wc.is_success(), "{:?}", wc.status());
+        c.slots.push(slot);
+    }
+    buf.revoke_grant(&second).unwrap();
+    assert_eq!(buf.grants(), 2);
+    // Not a further grant (any more): refused, nothing changes.
+    assert!(matches!(
+        buf.revoke_grant(&second),
+        Err(VerbsError::InvalidArgument(_))
+    ));
+    assert!(matches!(
+        buf.revoke_grant(&first),
+        Err(VerbsError::InvalidArgument(_))
+    ));
+    let slot = slot_with(&mut c, b"third2");
+    let (wc, slot) = run(&c, |c| {
+        c.qp.post_write_slot(c.mr.mr(), slot, &third, 16, None)
+    });
+    assert!(wc.is_success(), "{:?}", wc.status());
+    c.slots.push(slot);
+    // The revoked grant's rkey: refused at the peer, nothing placed.
+    let slot = slot_with(&mut c, b"STALE!");
+    let (wc, _slot) = run(&c, |c| {
+        c.qp.post_write_slot(c.mr.mr(), slot, &second, 8, None)
+    });
+    assert_eq!(
+        wc.status(),
+        WcStatus::RemoteAccess,
+        "a write with a revoked grant"
+    );
+    let back = buf.revoke().unwrap();
+    assert_eq!(&back[..22], b"first!\0\0second\0\0third2");
+}

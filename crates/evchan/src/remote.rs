@@ -59,7 +59,10 @@
 //!   connection's evchan runtime on its device (one per device for all the connections made
 //!   with the same `Config::shards`), so its rkey is valid on every one of those connections,
 //!   not only on the one it was exposed through: hand the descriptor only to peers you trust
-//!   with it. (Memory windows bound to one connection are not built yet.)
+//!   with it. [`Exposed::grant`] gives another peer a grant of its own over the same bytes,
+//!   revoked alone ([`Exposed::revoke_grant`]); every grant has the same scope. (Memory
+//!   windows bound to one connection are not built: on rdma_rxe a type-2 window does not
+//!   limit the range a peer reaches.)
 //! - An [`Exposed`] holds its device open until it is dropped or revoked, past the
 //!   connection's end: on a device without disassociation (rdma_rxe), a device removal waits
 //!   for it.

@@ -55,7 +55,7 @@ use std::marker::PhantomData;
 use std::sync::atomic::AtomicU64;
 
 use crate::ffi::owned::MrCell;
-use crate::ffi::verbs::exposed::ExposedMem;
+use crate::ffi::verbs::exposed::{ExposedMem, Grants};
 
 use super::{Error, OwnedPd, Result};
 
@@ -380,8 +380,11 @@ impl<A: Access> RemoteBuf<A> {
 /// access on an [`OwnedPd`]. See the [module docs](crate::verbs::remote) for what holds while
 /// it is exposed.
 ///
-/// Dropping it deregisters the region, then unmaps the memory (if `ibv_dereg_mr` fails, the
-/// memory is leaked instead: the registration may still be in force).
+/// Each peer may get a grant of its own ([`grant`](Self::grant)), revoked alone
+/// ([`revoke_grant`](Self::revoke_grant)).
+///
+/// Dropping it deregisters every grant, then unmaps the memory (if an `ibv_dereg_mr` fails, the
+/// memory is leaked instead: that registration may still be in force).
 /// [`mem::forget`](std::mem::forget) leaks the registration and the memory, which are then
 /// never reused: the peer may go on using its rkey, on memory nothing else will ever hold.
 ///
@@ -391,7 +394,7 @@ impl<A: Access> RemoteBuf<A> {
 /// # }
 /// ```
 pub struct Exposed<A: Access> {
-    cell: MrCell<ExposedMem>,
+    grants: Grants,
     _access: PhantomData<fn() -> A>,
 }
 
@@ -412,7 +415,7 @@ impl<A: Access> Exposed<A> {
         let cell = MrCell::with_access(std::sync::Arc::clone(pd.cell()), mem, A::FLAGS)
             .map_err(|(e, _)| e)?;
         Ok(Self {
-            cell,
+            grants: Grants::new(cell),
             _access: PhantomData,
         })
     }
@@ -421,18 +424,18 @@ impl<A: Access> Exposed<A> {
     /// data of a connect or accept: 20 bytes in its wire form).
     #[must_use]
     pub fn descriptor(&self) -> RemoteBuf<A> {
-        let mem = self.cell.mr().buffer();
+        let mem = self.grants.first().mr().buffer();
         RemoteBuf::new(
             mem.addr() as u64,
             u32::try_from(mem.len()).expect("checked by new"),
-            self.cell.mr().rkey(),
+            self.grants.first().mr().rkey(),
         )
     }
 
     /// The length in bytes.
     #[must_use]
     pub fn len(&self) -> usize {
-        self.cell.mr().buffer().len()
+        self.grants.first().mr().buffer().len()
     }
 
     /// Whether the length is 0 (never).
@@ -447,7 +450,8 @@ impl<A: Access> Exposed<A> {
     /// # Errors
     /// [`Error::InvalidArgument`] when the range is not inside the region.
     pub fn read_at(&self, offset: usize, out: &mut [u8]) -> Result<()> {
-        self.cell
+        self.grants
+            .first()
             .mr()
             .buffer()
             .load(offset, out)
@@ -460,7 +464,8 @@ impl<A: Access> Exposed<A> {
     /// # Errors
     /// [`Error::InvalidArgument`] when the range is not inside the region.
     pub fn write_at(&self, offset: usize, data: &[u8]) -> Result<()> {
-        self.cell
+        self.grants
+            .first()
             .mr()
             .buffer()
             .store(offset, data)
@@ -477,7 +482,8 @@ impl<A: Access> Exposed<A> {
     /// # Errors
     /// [`Error::InvalidArgument`] when the word is not inside the region or not aligned.
     pub fn atomic_u64(&self, offset: usize) -> Result<&AtomicU64> {
-        self.cell
+        self.grants
+            .first()
             .mr()
             .buffer()
             .word(offset)
@@ -486,14 +492,60 @@ impl<A: Access> Exposed<A> {
             ))
     }
 
-    /// Revokes every peer's access (`ibv_dereg_mr`) and gives the memory back, once nothing
-    /// can reach it (see the [module docs](crate::verbs::remote)).
+    /// Grants access to the same bytes once more, through a registration of their own: the
+    /// new grant's descriptor, whose rkey [`revoke_grant`](Self::revoke_grant) revokes alone
+    /// (a peer using it afterwards gets a remote access error) while the other grants stay.
+    /// One grant per peer makes each revocable on its own. This is the fallback the verbs
+    /// offer where memory windows are not used (evchan uses none: on rdma_rxe, Linux 6.1, a
+    /// type-2 window does not limit the range a peer reaches): one registration per grant.
+    /// Like the first, each grant is valid on every QP of the protection domain, not only on
+    /// one connection's.
+    ///
+    /// # Errors
+    /// [`Error::Io`] with the `ibv_reg_mr` error (`ENOMEM` past `ulimit -l`).
+    #[doc(alias = "ibv_reg_mr")]
+    pub fn grant(&mut self) -> Result<RemoteBuf<A>> {
+        let rkey = self.grants.add(A::FLAGS)?;
+        let first = self.descriptor();
+        Ok(RemoteBuf::new(first.addr(), first.len(), rkey))
+    }
+
+    /// Revokes the grant `grant` (from [`grant`](Self::grant)) alone: once this returned, a
+    /// peer's request with its rkey is refused (a remote access error at the peer) and places
+    /// no data, as for [`revoke`](Self::revoke); the bytes stay exposed through the other
+    /// grants.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] when `grant` is not a further grant of this memory (the
+    /// first one goes only with [`revoke`](Self::revoke)); [`Error::Io`] with the
+    /// `ibv_dereg_mr` error: that registration may still be in force, so the memory is never
+    /// given back (`revoke` then fails, and a drop leaks it).
+    #[doc(alias = "ibv_dereg_mr")]
+    pub fn revoke_grant(&mut self, grant: &RemoteBuf<A>) -> Result<()> {
+        if grant.addr() != self.descriptor().addr() || !self.grants.remove(grant.rkey())? {
+            return Err(Error::InvalidArgument(
+                "not a further grant of this exposed memory",
+            ));
+        }
+        Ok(())
+    }
+
+    /// How many grants are in force: the first, and those of [`grant`](Self::grant) not
+    /// revoked.
+    #[must_use]
+    pub fn grants(&self) -> usize {
+        1 + self.grants.rkeys().count()
+    }
+
+    /// Revokes every peer's access (`ibv_dereg_mr` of every grant) and gives the memory back,
+    /// once nothing can reach it (see the [module docs](crate::verbs::remote)).
     ///
     /// # Errors
     /// [`Error::Io`] with the `ibv_dereg_mr` error; the memory is then leaked (the
-    /// registration may still be in force).
+    /// registration may still be in force), as after a failed
+    /// [`revoke_grant`](Self::revoke_grant).
     pub fn revoke(self) -> Result<Revoked> {
-        self.cell.into_inner().map(Revoked)
+        self.grants.into_inner().map(Revoked)
     }
 }
 

@@ -17,6 +17,7 @@
 use std::io;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 use super::mr::{MrBuffer, Sealed};
 
@@ -151,20 +152,139 @@ impl Drop for ExposedMem {
     }
 }
 
-// SAFETY: the slices are empty (no byte is ever borrowed through them); `registered_bytes` is
-// the whole mapping, at one address for the buffer's life however it is moved.
-unsafe impl MrBuffer for ExposedMem {
-    fn as_slice(&self) -> &[u8] {
-        // SAFETY: an empty slice at a non-null pointer of a live mapping.
-        unsafe { std::slice::from_raw_parts(self.base.as_ptr(), 0) }
+/// `MrBuffer` for a view of a mapping (`base`, `len`) that shows no bytes: the slices are
+/// empty (no byte is ever borrowed through them), and `registered_bytes` is the mapping's
+/// `len` bytes, at one address for the buffer's life however it is moved.
+macro_rules! shows_no_bytes {
+    ($t:ty, $why:literal) => {
+        // SAFETY: as the macro says; $why
+        unsafe impl MrBuffer for $t {
+            fn as_slice(&self) -> &[u8] {
+                // SAFETY: an empty slice at a non-null pointer.
+                unsafe { std::slice::from_raw_parts(self.base.as_ptr(), 0) }
+            }
+
+            fn as_mut_slice(&mut self) -> &mut [u8] {
+                // SAFETY: as above; an empty slice aliases nothing.
+                unsafe { std::slice::from_raw_parts_mut(self.base.as_ptr(), 0) }
+            }
+
+            fn registered_bytes(&mut self, _: Sealed) -> (*mut u8, usize) {
+                (self.base.as_ptr(), self.len)
+            }
+        }
+    };
+}
+
+shows_no_bytes!(ExposedMem, "the buffer owns the mapping.");
+
+/// A second registration of an [`ExposedMem`]'s mapping, which it does not own: only
+/// [`Grants`] makes one, and deregisters it before the mapping can go.
+pub(crate) struct Alias {
+    base: NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: plain memory reached only through the device (the alias shows no bytes).
+unsafe impl Send for Alias {}
+// SAFETY: as above.
+unsafe impl Sync for Alias {}
+
+shows_no_bytes!(
+    Alias,
+    "the mapping stays mapped for as long as the alias is registered (`Grants`)."
+);
+
+/// An exposed mapping's registrations: the first (which owns the mapping) and further ones
+/// over the same bytes, each with its own rkey and deregistered alone. The mapping is unmapped
+/// only once every registration of it is gone: the further ones are deregistered first (in
+/// [`into_inner`](Self::into_inner) and in the drop), and if any deregistration ever failed
+/// (that registration may still be in force), the mapping is leaked, never unmapped.
+pub(crate) struct Grants {
+    /// Declared first: dropped (deregistered) before the first registration.
+    more: Vec<crate::ffi::owned::MrCell<Alias>>,
+    first: Option<crate::ffi::owned::MrCell<ExposedMem>>,
+    /// A deregistration failed: the mapping must never be unmapped.
+    poisoned: bool,
+}
+
+impl Grants {
+    pub(crate) fn new(first: crate::ffi::owned::MrCell<ExposedMem>) -> Self {
+        Self {
+            more: Vec::new(),
+            first: Some(first),
+            poisoned: false,
+        }
     }
 
-    fn as_mut_slice(&mut self) -> &mut [u8] {
-        // SAFETY: as above; an empty slice aliases nothing.
-        unsafe { std::slice::from_raw_parts_mut(self.base.as_ptr(), 0) }
+    /// The first registration (its buffer is the mapping).
+    pub(crate) fn first(&self) -> &crate::ffi::owned::MrCell<ExposedMem> {
+        self.first.as_ref().expect("present until into_inner")
     }
 
-    fn registered_bytes(&mut self, _: Sealed) -> (*mut u8, usize) {
-        (self.base.as_ptr(), self.len)
+    /// Registers the mapping once more on the first registration's PD with `access`: the
+    /// new registration's rkey.
+    pub(crate) fn add(&mut self, access: u32) -> crate::verbs::Result<u32> {
+        let first = self.first();
+        let mem = first.mr().buffer();
+        let alias = Alias {
+            base: NonNull::new(mem.addr().cast_mut()).expect("a mapping is not null"),
+            len: mem.len(),
+        };
+        let cell = crate::ffi::owned::MrCell::with_access(Arc::clone(first.pd()), alias, access)
+            .map_err(|(e, _)| e)?;
+        let rkey = cell.mr().rkey();
+        self.more.push(cell);
+        Ok(rkey)
+    }
+
+    /// The further registrations' rkeys.
+    pub(crate) fn rkeys(&self) -> impl Iterator<Item = u32> + '_ {
+        self.more.iter().map(|c| c.mr().rkey())
+    }
+
+    /// Deregisters the further registration with `rkey`; `Ok(false)` when there is none.
+    pub(crate) fn remove(&mut self, rkey: u32) -> crate::verbs::Result<bool> {
+        let Some(i) = self.more.iter().position(|c| c.mr().rkey() == rkey) else {
+            return Ok(false);
+        };
+        let cell = self.more.swap_remove(i);
+        cell.into_inner()
+            .map(|_| true)
+            .inspect_err(|_| self.poisoned = true)
+    }
+
+    /// Deregisters every registration (the further ones first) and gives the mapping back;
+    /// on a failure the mapping is leaked and the error returned.
+    pub(crate) fn into_inner(mut self) -> crate::verbs::Result<ExposedMem> {
+        self.release_more()?;
+        let first = self.first.take().expect("present until into_inner");
+        first.into_inner()
+    }
+
+    fn release_more(&mut self) -> crate::verbs::Result<()> {
+        let mut result = Ok(());
+        for cell in self.more.drain(..) {
+            if let Err(e) = cell.into_inner() {
+                self.poisoned = true;
+                result = Err(e);
+            }
+        }
+        if self.poisoned {
+            // A registration may still be in force: the mapping stays, for good.
+            std::mem::forget(self.first.take());
+            return result.and(Err(crate::verbs::Error::InvalidArgument(
+                "an earlier deregistration failed: the memory stays registered",
+            )));
+        }
+        result
+    }
+}
+
+impl Drop for Grants {
+    fn drop(&mut self) {
+        // The further registrations first; the first one (and the mapping) after, unless one
+        // of them may still be in force.
+        let _ = self.release_more();
     }
 }
