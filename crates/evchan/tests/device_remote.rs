@@ -1,7 +1,8 @@
 //! One-sided access through [`Connection`] on rxe: WRITE, READ and atomics land where the
 //! peer's descriptor says and nowhere else; bad ranges are refused before posting and leave
 //! the connection working; a lying rkey loses the connection with the device's remote access
-//! error; atomics from two connections count exactly; dropped futures lose no slot.
+//! error; atomics from two connections count exactly; dropped futures lose no slot; a grant
+//! per peer is revoked alone; registered buffers move bytes without a copy.
 
 /// The workspace's example of one-sided access, run as a test.
 #[allow(dead_code)]
@@ -12,7 +13,9 @@ mod support;
 use std::sync::Arc;
 use std::time::Duration;
 
-use evchan::remote::{RemoteAtomic, RemoteBuf, RemoteError, RemoteRead, RemoteReadWrite};
+use evchan::remote::{
+    RemoteAtomic, RemoteBuf, RemoteError, RemoteRead, RemoteReadWrite, RemoteWrite,
+};
 use evchan::{Config, Connection, Error, Listener, Lost};
 use evchan_core::cm::{ConnParam, EventKind, PortSpace};
 use evchan_core::verbs::WcStatus;
@@ -552,4 +555,45 @@ async fn buffers_move_bytes_without_a_copy_and_come_back() {
         "a dropped WRITE landed in part"
     );
     eprintln!("buffer operations dropped at their first poll: {dropped} of 100");
+}
+
+/// A grant per peer: the target gives each of two clients its own grant over the same bytes
+/// and revokes one; that client's next write loses its connection with a remote access error,
+/// the other client goes on writing, and the bytes hold both clients' writes from before.
+#[tokio::test]
+async fn a_grant_per_peer_is_revoked_alone() {
+    require_device!();
+    let (mut clients, mut servers) = connected(port(11), 2).await;
+    let mut rw = servers[0].expose::<RemoteWrite>(4096).unwrap();
+    let second = rw.grant().unwrap();
+    let (a, b) = clients.split_at_mut(1);
+    let (a, b) = (&mut a[0], &mut b[0]);
+    let at_a = hand_over(&servers[0], a, rw.descriptor()).await;
+    let at_b = hand_over(&servers[1], b, second).await;
+    step("a writes", a.write(&at_a, 0, b"from a"))
+        .await
+        .unwrap();
+    step("b writes", b.write(&at_b, 8, b"from b"))
+        .await
+        .unwrap();
+    rw.revoke_grant(&second).unwrap();
+    let got = step("b writes, revoked", b.write(&at_b, 16, b"stale!")).await;
+    assert!(
+        matches!(
+            got,
+            Err(Error::ConnectionLost(Lost::WorkCompletion(
+                WcStatus::RemoteAccess
+            )))
+        ),
+        "{got:?}"
+    );
+    step("a writes again", a.write(&at_a, 24, b"a again"))
+        .await
+        .unwrap();
+    let bytes = rw.revoke().unwrap();
+    assert_eq!(&bytes[..31], b"from a\0\0from b\0\0\0\0\0\0\0\0\0\0a again");
+    for c in clients {
+        let _ = step("close", c.close()).await;
+    }
+    servers.clear();
 }
