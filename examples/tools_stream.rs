@@ -23,8 +23,11 @@
 //! mode=event|busy[-zc] conns=K size=N msgs=TOTAL secs=S msgs_per_s=R mb_per_s=B` (MB = 2^20
 //! bytes, as perftest's `BW average[MB/sec]`).
 
+use std::future::Future;
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::process::ExitCode;
+use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -170,29 +173,40 @@ async fn serve(addr: SocketAddr, config: Config, a: &Args) -> Result<(), Error> 
     Ok(())
 }
 
-/// `count` messages from `bufs` on `conn`, each buffer's sends one after the other in a task
-/// of its own, the buffers' at once; the connection back.
-async fn send_from_buffers(
-    conn: Connection,
-    bufs: Vec<Buffer>,
-    count: u64,
-) -> Result<Connection, Error> {
+/// `count` messages from `bufs` on `conn`, each buffer's sends one after the other, the
+/// buffers' at once, all in this task (a completion wakes the task that waits, not another
+/// thread).
+async fn send_from_buffers(conn: &Connection, bufs: Vec<Buffer>, count: u64) -> Result<(), Error> {
     let n = bufs.len() as u64;
-    let conn = std::sync::Arc::new(conn);
-    let mut tasks = tokio::task::JoinSet::new();
-    for (i, mut buf) in bufs.into_iter().enumerate() {
-        let conn = std::sync::Arc::clone(&conn);
-        tasks.spawn(async move {
-            for _ in 0..count / n + u64::from((i as u64) < count % n) {
-                buf = conn.send_buffer(buf).await?;
+    let mut sends: Vec<Pin<Box<dyn Future<Output = Result<(), Error>> + Send + '_>>> = bufs
+        .into_iter()
+        .enumerate()
+        .map(|(i, mut buf)| {
+            Box::pin(async move {
+                for _ in 0..count / n + u64::from((i as u64) < count % n) {
+                    buf = conn.send_buffer(buf).await?;
+                }
+                Ok(())
+            }) as Pin<Box<dyn Future<Output = Result<(), Error>> + Send + '_>>
+        })
+        .collect();
+    // Every send loop, polled when the task wakes, until all are done (or one failed).
+    std::future::poll_fn(|cx| {
+        let mut failed = None;
+        sends.retain_mut(|f| match f.as_mut().poll(cx) {
+            Poll::Ready(r) => {
+                failed = failed.take().or(r.err());
+                false
             }
-            Ok::<_, Error>(())
+            Poll::Pending => true,
         });
-    }
-    while let Some(r) = tasks.join_next().await {
-        r.unwrap_or_else(|e| fail(PROGRAM, format!("a task failed: {e}")))?;
-    }
-    Ok(std::sync::Arc::into_inner(conn).expect("the tasks are done"))
+        match failed {
+            Some(e) => Poll::Ready(Err(e)),
+            None if sends.is_empty() => Poll::Ready(Ok(())),
+            None => Poll::Pending,
+        }
+    })
+    .await
 }
 
 /// Connects `--conns` times (again while nobody listens yet), then times the tasks' sends up to
@@ -227,7 +241,7 @@ async fn client(addr: SocketAddr, config: Config, a: &Args) -> Result<(), Error>
                         conn.send(msg.clone()).await?;
                     }
                 } else {
-                    conn = send_from_buffers(conn, bufs, count).await?;
+                    send_from_buffers(&conn, bufs, count).await?;
                 }
                 match conn.recv().await? {
                     Some(reply) if reply[..] == b"!"[..] => {}
