@@ -173,12 +173,15 @@ async fn serve(addr: SocketAddr, config: Config, a: &Args) -> Result<(), Error> 
     Ok(())
 }
 
+/// One buffer's loop of sends.
+type SendLoop<'a> = Pin<Box<dyn Future<Output = Result<(), Error>> + Send + 'a>>;
+
 /// `count` messages from `bufs` on `conn`, each buffer's sends one after the other, the
 /// buffers' at once, all in this task (a completion wakes the task that waits, not another
 /// thread).
 async fn send_from_buffers(conn: &Connection, bufs: Vec<Buffer>, count: u64) -> Result<(), Error> {
     let n = bufs.len() as u64;
-    let mut sends: Vec<Pin<Box<dyn Future<Output = Result<(), Error>> + Send + '_>>> = bufs
+    let mut sends: Vec<SendLoop<'_>> = bufs
         .into_iter()
         .enumerate()
         .map(|(i, mut buf)| {
@@ -187,7 +190,7 @@ async fn send_from_buffers(conn: &Connection, bufs: Vec<Buffer>, count: u64) -> 
                     buf = conn.send_buffer(buf).await?;
                 }
                 Ok(())
-            }) as Pin<Box<dyn Future<Output = Result<(), Error>> + Send + '_>>
+            }) as SendLoop<'_>
         })
         .collect();
     // Every send loop, polled when the task wakes, until all are done (or one failed).

@@ -385,7 +385,7 @@ impl<A: Access> RemoteBuf<A> {
 ///
 /// Dropping it deregisters every grant, then unmaps the memory (if an `ibv_dereg_mr` fails, the
 /// memory is leaked instead: that registration may still be in force).
-/// [`mem::forget`](std::mem::forget) leaks the registration and the memory, which are then
+/// [`mem::forget`](std::mem::forget) leaks the registrations and the memory, which are then
 /// never reused: the peer may go on using its rkey, on memory nothing else will ever hold.
 ///
 /// ```compile_fail
@@ -395,6 +395,8 @@ impl<A: Access> RemoteBuf<A> {
 /// ```
 pub struct Exposed<A: Access> {
     grants: Grants,
+    /// The rkeys of the grants revoked alone, which a later grant never gets.
+    revoked: Vec<u32>,
     _access: PhantomData<fn() -> A>,
 }
 
@@ -416,6 +418,7 @@ impl<A: Access> Exposed<A> {
             .map_err(|(e, _)| e)?;
         Ok(Self {
             grants: Grants::new(cell),
+            revoked: Vec::new(),
             _access: PhantomData,
         })
     }
@@ -505,21 +508,34 @@ impl<A: Access> Exposed<A> {
     /// [`Error::Io`] with the `ibv_reg_mr` error (`ENOMEM` past `ulimit -l`).
     #[doc(alias = "ibv_reg_mr")]
     pub fn grant(&mut self) -> Result<RemoteBuf<A>> {
-        let rkey = self.grants.add(A::FLAGS)?;
+        // A device may hand a revoked rkey out again (rdma_rxe: an index and 8 random bits):
+        // never one this memory's revoked grants had, which would revive their descriptors.
+        let mut reused = Vec::new();
+        let rkey = loop {
+            let rkey = self.grants.add(A::FLAGS)?;
+            if !self.revoked.contains(&rkey) {
+                break rkey;
+            }
+            reused.push(rkey);
+        };
+        for r in reused {
+            self.grants.remove(r)?;
+        }
         let first = self.descriptor();
         Ok(RemoteBuf::new(first.addr(), first.len(), rkey))
     }
 
     /// Revokes the grant `grant` (from [`grant`](Self::grant)) alone: once this returned, a
     /// peer's request with its rkey is refused (a remote access error at the peer) and places
-    /// no data, as for [`revoke`](Self::revoke); the bytes stay exposed through the other
-    /// grants.
+    /// no data, as for [`revoke`](Self::revoke), and no later grant of this memory gets that
+    /// rkey again; the bytes stay exposed through the other grants.
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] when `grant` is not a further grant of this memory (the
     /// first one goes only with [`revoke`](Self::revoke)); [`Error::Io`] with the
     /// `ibv_dereg_mr` error: that registration may still be in force, so the memory is never
-    /// given back (`revoke` then fails, and a drop leaks it).
+    /// given back (`revoke` then deregisters the other grants and fails, and a drop leaks
+    /// it), and [`grants`](Self::grants) no longer counts it.
     #[doc(alias = "ibv_dereg_mr")]
     pub fn revoke_grant(&mut self, grant: &RemoteBuf<A>) -> Result<()> {
         if grant.addr() != self.descriptor().addr() || !self.grants.remove(grant.rkey())? {
@@ -527,6 +543,7 @@ impl<A: Access> Exposed<A> {
                 "not a further grant of this exposed memory",
             ));
         }
+        self.revoked.push(grant.rkey());
         Ok(())
     }
 
@@ -541,9 +558,10 @@ impl<A: Access> Exposed<A> {
     /// once nothing can reach it (see the [module docs](crate::verbs::remote)).
     ///
     /// # Errors
-    /// [`Error::Io`] with the `ibv_dereg_mr` error; the memory is then leaked (the
-    /// registration may still be in force), as after a failed
-    /// [`revoke_grant`](Self::revoke_grant).
+    /// [`Error::Io`] with the `ibv_dereg_mr` error; the memory is then leaked (that
+    /// registration may still be in force). After a failed
+    /// [`revoke_grant`](Self::revoke_grant), [`Error::InvalidArgument`]: every other grant is
+    /// deregistered, and the memory leaked.
     pub fn revoke(self) -> Result<Revoked> {
         self.grants.into_inner().map(Revoked)
     }

@@ -11,8 +11,9 @@
 //! undefined): a byte is copied out of a word's load, and copied in by a compare-and-swap loop
 //! on its word (a whole word by a store). The mapping is whole pages, page aligned, so the
 //! word of every byte of `len` lies inside it. The slices of
-//! [`revoked_bytes`](ExposedMem::revoked_bytes) are made only once the registration is gone:
-//! `Revoked` holds the buffer only after `ibv_dereg_mr` returned (`MrCell::into_inner`).
+//! [`revoked_bytes`](ExposedMem::revoked_bytes) are made only once every registration of the
+//! mapping is gone: `Revoked` holds the buffer only after `ibv_dereg_mr` returned for each
+//! ([`Grants::into_inner`]: the further registrations, then the first).
 
 use std::io;
 use std::ptr::NonNull;
@@ -155,9 +156,11 @@ impl Drop for ExposedMem {
 /// `MrBuffer` for a view of a mapping (`base`, `len`) that shows no bytes: the slices are
 /// empty (no byte is ever borrowed through them), and `registered_bytes` is the mapping's
 /// `len` bytes, at one address for the buffer's life however it is moved.
+/// Each use says why its mapping outlives the registrations.
 macro_rules! shows_no_bytes {
-    ($t:ty, $why:literal) => {
-        // SAFETY: as the macro says; $why
+    ($t:ty) => {
+        // SAFETY: the slices are empty and `registered_bytes` is the mapping's `len` bytes at
+        // a fixed address; the mapping's life is the invoking site's SAFETY comment.
         unsafe impl MrBuffer for $t {
             fn as_slice(&self) -> &[u8] {
                 // SAFETY: an empty slice at a non-null pointer.
@@ -176,7 +179,9 @@ macro_rules! shows_no_bytes {
     };
 }
 
-shows_no_bytes!(ExposedMem, "the buffer owns the mapping.");
+// SAFETY: the buffer owns the mapping, unmapped only in its drop (after its registration is
+// gone: `Mr` leaks it otherwise).
+shows_no_bytes!(ExposedMem);
 
 /// A second registration of an [`ExposedMem`]'s mapping, which it does not own: only
 /// [`Grants`] makes one, and deregisters it before the mapping can go.
@@ -190,10 +195,10 @@ unsafe impl Send for Alias {}
 // SAFETY: as above.
 unsafe impl Sync for Alias {}
 
-shows_no_bytes!(
-    Alias,
-    "the mapping stays mapped for as long as the alias is registered (`Grants`)."
-);
+// SAFETY: the mapping stays mapped for as long as the alias is registered: only `Grants`
+// makes one, and it deregisters every alias before the mapping can go (leaking the mapping
+// if one fails).
+shows_no_bytes!(Alias);
 
 /// An exposed mapping's registrations: the first (which owns the mapping) and further ones
 /// over the same bytes, each with its own rkey and deregistered alone. The mapping is unmapped
@@ -201,7 +206,9 @@ shows_no_bytes!(
 /// [`into_inner`](Self::into_inner) and in the drop), and if any deregistration ever failed
 /// (that registration may still be in force), the mapping is leaked, never unmapped.
 pub(crate) struct Grants {
-    /// Declared first: dropped (deregistered) before the first registration.
+    /// Deregistered before the first registration, one by one, by `release_more` (in
+    /// `into_inner` and in the drop), which leaks the mapping if one of them fails: the
+    /// vector is never dropped with an alias in it.
     more: Vec<crate::ffi::owned::MrCell<Alias>>,
     first: Option<crate::ffi::owned::MrCell<ExposedMem>>,
     /// A deregistration failed: the mapping must never be unmapped.
@@ -271,10 +278,16 @@ impl Grants {
             }
         }
         if self.poisoned {
-            // A registration may still be in force: the mapping stays, for good.
-            std::mem::forget(self.first.take());
+            // A further registration may still be in force: the mapping stays, for good. The
+            // first registration goes all the same (its rkey is refused from now on); only
+            // its memory is leaked.
+            if let Some(first) = self.first.take() {
+                if let Ok(mem) = first.into_inner() {
+                    std::mem::forget(mem);
+                }
+            }
             return result.and(Err(crate::verbs::Error::InvalidArgument(
-                "an earlier deregistration failed: the memory stays registered",
+                "a deregistration failed earlier: the memory is never given back",
             )));
         }
         result

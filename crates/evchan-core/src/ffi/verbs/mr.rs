@@ -133,8 +133,9 @@ impl<'pd, B: MrBuffer> Mr<'pd, B> {
     /// Registration pins the pages. The device touches them only through work requests, whose
     /// posting is `unsafe` or goes through [`Qp::post_send_owned`]/[`Qp::post_recv_owned`],
     /// which take the whole region by value until the completion. The safe layer passes remote
-    /// rights only for an `ExposedMem` (`verbs::Exposed`), whose bytes are never lent as a
-    /// slice while registered; every other buffer is registered with local rights alone.
+    /// rights only for an `ExposedMem` and the `Alias`es of its mapping (`verbs::Exposed` and
+    /// its grants), whose bytes are never lent as a slice while registered; every other
+    /// buffer is registered with local rights alone.
     pub(crate) fn new(pd: &'pd Pd<'_>, mut buf: B, access: c_uint) -> Result<Self, (io::Error, B)> {
         let (addr, len) = buf.registered_bytes(Sealed(()));
         // SAFETY: live PD; `addr..addr+len` is the buffer, kept alive and in place by `self`.
