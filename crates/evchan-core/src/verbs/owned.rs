@@ -61,8 +61,8 @@ use crate::ffi::owned as ffi;
 #[cfg(feature = "tokio")]
 use super::AsyncWaiter;
 use super::{
-    AllowsAtomic, AllowsRead, AllowsWrite, CompChannel, Context, Cq, Error, Mr, MrBuffer, Pd,
-    PostedSlot, RemoteBuf, RemoteError, Result, Slot, SlotPool, SlotPostError,
+    Access, AllowsAtomic, AllowsRead, AllowsWrite, CompChannel, Context, Cq, Error, Mr, MrBuffer,
+    Pd, PostedSlot, RemoteBuf, RemoteError, Result, Slot, SlotPool, SlotPostError,
 };
 #[allow(unused_imports)] // doc links
 use crate::CmId;
@@ -421,12 +421,7 @@ impl QpHandle {
     ) -> std::result::Result<PostedSlot, SlotPostError> {
         let len = slot.len();
         let rkey = to.rkey();
-        // An empty WRITE would skip the responder's key check: only with immediate data.
-        let addr = if len == 0 && imm.is_none() {
-            Err(RemoteError::Empty)
-        } else {
-            to.range(offset, len as u64)
-        };
+        let addr = write_range(to, offset, len, imm);
         self.remote(mr, slot, len, addr, |addr| {
             crate::ffi::verbs::RemoteOp::Write { addr, rkey, imm }
         })
@@ -455,11 +450,7 @@ impl QpHandle {
         len: usize,
     ) -> std::result::Result<PostedSlot, SlotPostError> {
         let rkey = from.rkey();
-        let addr = if len == 0 {
-            Err(RemoteError::Empty)
-        } else {
-            from.range(offset, len as u64)
-        };
+        let addr = read_range(from, offset, len);
         self.remote(mr, slot, len, addr, |addr| {
             crate::ffi::verbs::RemoteOp::Read { addr, rkey }
         })
@@ -622,11 +613,7 @@ impl QpHandle {
         imm: Option<u32>,
     ) -> std::result::Result<PostedMr<B>, MrPostError<B>> {
         let rkey = to.rkey();
-        let addr = if len == 0 && imm.is_none() {
-            Err(RemoteError::Empty)
-        } else {
-            to.range(offset, len as u64)
-        };
+        let addr = write_range(to, offset, len, imm);
         self.post_mr(
             mr,
             len,
@@ -656,11 +643,7 @@ impl QpHandle {
         offset: u64,
     ) -> std::result::Result<PostedMr<B>, MrPostError<B>> {
         let rkey = from.rkey();
-        let addr = if len == 0 {
-            Err(RemoteError::Empty)
-        } else {
-            from.range(offset, len as u64)
-        };
+        let addr = read_range(from, offset, len);
         self.post_mr(
             mr,
             len,
@@ -772,6 +755,32 @@ impl<B: MrBuffer> fmt::Debug for MrPostError<B> {
 pub fn atomic_result(slot: &Slot) -> Option<u64> {
     let b: [u8; 8] = slot.as_slice().get(..8)?.try_into().ok()?;
     Some(u64::from_ne_bytes(b))
+}
+
+/// A WRITE's remote address: `len` bytes at `offset` inside `to`; an empty WRITE only with
+/// immediate data (without, it would skip the responder's key check).
+fn write_range<A: Access>(
+    to: &RemoteBuf<A>,
+    offset: u64,
+    len: usize,
+    imm: Option<u32>,
+) -> std::result::Result<u64, RemoteError> {
+    if len == 0 && imm.is_none() {
+        return Err(RemoteError::Empty);
+    }
+    to.range(offset, len as u64)
+}
+
+/// A READ's remote address: `len` (at least 1) bytes at `offset` inside `from`.
+fn read_range<A: Access>(
+    from: &RemoteBuf<A>,
+    offset: u64,
+    len: usize,
+) -> std::result::Result<u64, RemoteError> {
+    if len == 0 {
+        return Err(RemoteError::Empty);
+    }
+    from.range(offset, len as u64)
 }
 
 fn destroyed(slot: Slot) -> SlotPostError {
