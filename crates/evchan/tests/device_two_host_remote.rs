@@ -24,9 +24,10 @@ mod support;
 #[path = "support/two_host.rs"]
 mod two_host;
 
+use std::net::SocketAddr;
 use std::time::Duration;
 
-use evchan::remote::{RemoteBuf, RemoteReadWrite};
+use evchan::remote::{Exposed, RemoteBuf, RemoteReadWrite};
 use evchan::{Config, Connection, Error, Listener};
 use support::step;
 use support::tool::Tool;
@@ -134,24 +135,48 @@ async fn our_rping_server_c_client_client() {
     assert!(!out.stderr.contains("mismatch"), "{out}");
 }
 
+/// VM a's side of the one-sided pairs: a listener on `port`, the connection from VM b, and
+/// `BIG` bytes exposed to it, whose descriptor it was sent.
+async fn exposing_server(port: u16) -> (Listener, Connection, Exposed<RemoteReadWrite>) {
+    let me = env_addr("EVCHAN_SELF", port);
+    let listener = step("bind", Listener::bind(me, big_config()))
+        .await
+        .unwrap();
+    let incoming = tokio::time::timeout(TOOL_DEADLINE, listener.accept())
+        .await
+        .expect("a connection from VM b")
+        .unwrap();
+    let conn = step("accept", incoming.accept(&[])).await.unwrap();
+    let exposed = conn.expose::<RemoteReadWrite>(BIG).unwrap();
+    step("send", conn.send(exposed.descriptor().to_bytes()))
+        .await
+        .unwrap();
+    (listener, conn, exposed)
+}
+
+/// VM b's side: the peer's address on `port`, the connection to it, and the descriptor of the
+/// memory it exposed.
+async fn exposure_client(port: u16) -> (SocketAddr, Connection, RemoteBuf<RemoteReadWrite>) {
+    let addr = env_addr("EVCHAN_PEER", port);
+    let connect = Connection::builder().config(big_config()).connect(addr);
+    let mut conn = step("connect", connect).await.unwrap();
+    let msg = step("descriptor", conn.recv()).await.unwrap().unwrap();
+    let there = RemoteBuf::<RemoteReadWrite>::from_bytes(&msg).unwrap();
+    (addr, conn, there)
+}
+
+/// Messages of `BIG` bytes.
+fn big_config() -> Config {
+    Config::new().max_message(BIG as u32)
+}
+
 #[tokio::test]
 async fn dropped_in_flight_server() {
     require_device!();
     if !role_is("server") {
         return;
     }
-    let me = env_addr("EVCHAN_SELF", DROPPED_PORT);
-    let config = Config::new().max_message(BIG as u32);
-    let listener = step("bind", Listener::bind(me, config)).await.unwrap();
-    let incoming = tokio::time::timeout(TOOL_DEADLINE, listener.accept())
-        .await
-        .expect("a connection from VM b")
-        .unwrap();
-    let mut conn = step("accept", incoming.accept(&[])).await.unwrap();
-    let exposed = conn.expose::<RemoteReadWrite>(BIG).unwrap();
-    step("send", conn.send(exposed.descriptor().to_bytes()))
-        .await
-        .unwrap();
+    let (_listener, mut conn, exposed) = exposing_server(DROPPED_PORT).await;
     // `done` and, for each of the first 100 WRITEs, 1 if its future was dropped before it
     // completed.
     let done = step("done", conn.recv()).await.unwrap().expect("done");
@@ -191,12 +216,7 @@ async fn dropped_in_flight_client() {
     if !role_is("client") {
         return;
     }
-    let addr = env_addr("EVCHAN_PEER", DROPPED_PORT);
-    let config = Config::new().max_message(BIG as u32);
-    let connect = Connection::builder().config(config).connect(addr);
-    let mut conn = step("connect", connect).await.unwrap();
-    let msg = step("descriptor", conn.recv()).await.unwrap().unwrap();
-    let there = RemoteBuf::<RemoteReadWrite>::from_bytes(&msg).unwrap();
+    let (_, conn, there) = exposure_client(DROPPED_PORT).await;
     let mut dropped = Vec::new();
     for i in 0..100u8 {
         // `timeout` polls once (the operation posts, a slot being free) and gives up at the
@@ -240,18 +260,7 @@ async fn torn_down_in_flight_server() {
     if !role_is("server") {
         return;
     }
-    let me = env_addr("EVCHAN_SELF", TORN_DOWN_PORT);
-    let config = Config::new().max_message(BIG as u32);
-    let listener = step("bind", Listener::bind(me, config)).await.unwrap();
-    let incoming = tokio::time::timeout(TOOL_DEADLINE, listener.accept())
-        .await
-        .expect("a connection from VM b")
-        .unwrap();
-    let mut conn = step("accept", incoming.accept(&[])).await.unwrap();
-    let exposed = conn.expose::<RemoteReadWrite>(BIG).unwrap();
-    step("send", conn.send(exposed.descriptor().to_bytes()))
-        .await
-        .unwrap();
+    let (listener, mut conn, exposed) = exposing_server(TORN_DOWN_PORT).await;
     let go = step("go", conn.recv()).await.unwrap().expect("go");
     assert_eq!(&go[..], b"go");
     // Let the peer's operations fill the wire, then take everything away under them: the
@@ -290,12 +299,7 @@ async fn torn_down_in_flight_client() {
     if !role_is("client") {
         return;
     }
-    let addr = env_addr("EVCHAN_PEER", TORN_DOWN_PORT);
-    let config = Config::new().max_message(BIG as u32);
-    let connect = Connection::builder().config(config.clone()).connect(addr);
-    let mut conn = step("connect", connect).await.unwrap();
-    let msg = step("descriptor", conn.recv()).await.unwrap().unwrap();
-    let there = RemoteBuf::<RemoteReadWrite>::from_bytes(&msg).unwrap();
+    let (addr, conn, there) = exposure_client(TORN_DOWN_PORT).await;
     // The buffers first: once the connection is lost, it registers none.
     let bufs: Vec<_> = (0..16).map(|_| conn.buffer(BIG).unwrap()).collect();
     step("go", conn.send("go")).await.unwrap();
@@ -367,7 +371,7 @@ async fn torn_down_in_flight_client() {
     );
     drop(conn);
     // This side's runtime carries on too.
-    let connect = Connection::builder().config(config).connect(addr);
+    let connect = Connection::builder().config(big_config()).connect(addr);
     let mut again = step("connect again", connect).await.unwrap();
     step("again", again.send("again")).await.unwrap();
     let ok = step("ok", again.recv()).await.unwrap().expect("ok");
