@@ -273,10 +273,6 @@ fn run(
     if ready.send(Ok(())).is_err() {
         return;
     }
-    let read_depths: Vec<u8> = pds
-        .iter()
-        .map(|pd| crate::cm_map::read_depth(pd.context()))
-        .collect();
     let (peer_txs, peer_rxs): (Vec<_>, Vec<_>) =
         (0..rxs.len()).map(|_| mpsc::unbounded_channel()).unzip();
     std::thread::scope(|scope| {
@@ -287,7 +283,6 @@ fn run(
                 channels: &channels,
                 names: &names,
                 pds: &pds,
-                read_depths: &read_depths,
                 rt: rt.clone(),
                 peers: peer_txs.clone(),
                 removal: Arc::clone(removal),

@@ -52,9 +52,6 @@ pub(super) struct Env<'s> {
     pub(super) names: &'s [String],
     /// Per device (as `names`), librdmacm's context with a PD on it.
     pub(super) pds: &'s [OwnedPd],
-    /// Per device, the READs and atomics a connection takes and issues at once
-    /// ([`crate::cm_map::read_depth`], read once at the start).
-    pub(super) read_depths: &'s [u8],
     pub(super) rt: Weak<Runtime>,
     pub(super) peers: Vec<mpsc::UnboundedSender<Migrated<'s>>>,
     pub(super) removal: Arc<super::removal::Removal>,

@@ -230,7 +230,7 @@ impl<'s> Shard<'s> {
             }
         };
         let c = self.conns.get_mut(&conn).expect("present");
-        c.read_depth = self.env.read_depths[dev];
+        c.read_depth = cm_map::read_depth(pd.context());
         let config = &c.config;
         let (cq, route) = hub.cq(config.cq_cost())?;
         let qp = target.create_qp(pd, &cq, &config.qp_init())?;
