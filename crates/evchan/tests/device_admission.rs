@@ -110,13 +110,26 @@ const SERVER_ROLE: &str = "EVCHAN_ADMISSION_EMFILE_SERVER";
 async fn emfile_server(addr: std::net::SocketAddr) {
     let listener = Listener::bind(addr, Config::new()).await.unwrap();
     evchan_sys::set_open_files_limit(256).unwrap();
+    // The runtime's thread looks at sysfs every 50 ms, holding a descriptor or two for a
+    // moment: one it held while this filled would come free after. So the filling goes on
+    // until three looks in a row, 70 ms apart, find no descriptor left.
     let mut filler = Vec::new();
-    loop {
-        match std::fs::File::open("/dev/null") {
-            Ok(f) => filler.push(f),
-            Err(e) if e.raw_os_error() == Some(24) => break,
-            Err(e) => panic!("opening /dev/null: {e}"),
+    let mut found_none = 0;
+    while found_none < 3 {
+        let before = filler.len();
+        loop {
+            match std::fs::File::open("/dev/null") {
+                Ok(f) => filler.push(f),
+                Err(e) if e.raw_os_error() == Some(24) => break,
+                Err(e) => panic!("opening /dev/null: {e}"),
+            }
         }
+        found_none = if filler.len() == before {
+            found_none + 1
+        } else {
+            0
+        };
+        tokio::time::sleep(Duration::from_millis(70)).await;
     }
     println!("@@emfile-server-full {} descriptors taken", filler.len());
     let first = step("the first request", listener.accept()).await.unwrap();
