@@ -71,11 +71,7 @@ fn main() -> ExitCode {
     let mut rounds = None;
     let mut layer = "async".to_owned();
     let mut addr = SocketAddr::from(([169, 254, 77, 1], 7480));
-    let mut it = std::env::args().skip(1);
-    while let Some(flag) = it.next() {
-        let value = it
-            .next()
-            .unwrap_or_else(|| CLI.error(format_args!("{flag} needs a value")));
+    for (flag, value) in CLI.pairs() {
         let v = value.as_str();
         match flag.as_str() {
             "--channels" => channels = CLI.number(&flag, v, 1..=MAX_CHANNELS),

@@ -77,11 +77,7 @@ fn parse_args() -> Args {
         workers: 2,
         zero_copy: None,
     };
-    let mut it = std::env::args().skip(1);
-    while let Some(flag) = it.next() {
-        let value = it
-            .next()
-            .unwrap_or_else(|| CLI.error(format_args!("{flag} needs a value")));
+    for (flag, value) in CLI.pairs() {
         let v = value.as_str();
         match flag.as_str() {
             "--serve" => a.serve = Some(CLI.addr(&flag, v)),

@@ -138,6 +138,20 @@ impl Cli {
         std::process::exit(2);
     }
 
+    /// The command line as `--flag value` pairs; a flag without its value is an
+    /// [`error`](Self::error).
+    pub fn pairs(&self) -> Vec<(String, String)> {
+        let mut it = std::env::args().skip(1);
+        let mut pairs = Vec::new();
+        while let Some(flag) = it.next() {
+            let value = it
+                .next()
+                .unwrap_or_else(|| self.error(format_args!("{flag} needs a value")));
+            pairs.push((flag, value));
+        }
+        pairs
+    }
+
     /// `flag`'s value as a number within `range`; else an [`error`](Self::error) naming it.
     pub fn number<T>(&self, flag: &str, value: &str, range: RangeInclusive<T>) -> T
     where

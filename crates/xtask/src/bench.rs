@@ -38,6 +38,7 @@ use crate::test::Place;
 use crate::{host_has_active_rdma_port, target_dir, vm, Result};
 
 mod report;
+pub(crate) use report::write_scale;
 
 use report::{Instructions, Measure, Ratios, BEYOND};
 
@@ -104,6 +105,8 @@ struct Options {
     tools: bool,
     /// Only the comparisons with rdma-core's tools (`--tools`), shorter with `--quick`.
     tools_only: bool,
+    /// Only the many-connections run (`--scale`), shorter with `--quick`.
+    scale: bool,
     quick: bool,
     criterion: Vec<String>,
 }
@@ -136,6 +139,7 @@ fn options(args: &[String]) -> Result<Options> {
             "--no-callgrind" => o.callgrind = false,
             "--no-tools" => o.tools = false,
             "--tools" => o.tools_only = true,
+            "--scale" => o.scale = true,
             "--quick" => o.quick = true,
             "--save" => o.save = Some(name("--save")?),
             "--compare" => o.compare = Some(name("--compare")?),
@@ -155,8 +159,19 @@ fn options(args: &[String]) -> Result<Options> {
             "bench: --tools runs only the tools, without criterion's ARGS or --no-tools".into(),
         );
     }
-    if o.quick && !o.tools_only {
-        return Err("bench: --quick goes with --tools".into());
+    if o.scale
+        && (o.tools_only
+            || !o.tools
+            || !o.criterion.is_empty()
+            || o.save.is_some()
+            || o.compare.is_some()
+            || o.force_vm
+            || !o.callgrind)
+    {
+        return Err("bench: --scale runs alone (with --quick at most)".into());
+    }
+    if o.quick && !o.tools_only && !o.scale {
+        return Err("bench: --quick goes with --tools or --scale".into());
     }
     if !o.criterion.is_empty() {
         o.tools = false;
@@ -274,6 +289,9 @@ pub fn run(args: &[String]) -> Result<i32> {
         return Ok(0);
     }
     let opts = options(args)?;
+    if opts.scale {
+        return crate::bench_scale::run(opts.quick);
+    }
     if opts.tools_only {
         return tools_alone(&opts);
     }

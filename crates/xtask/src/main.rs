@@ -10,6 +10,7 @@
 //! - `fuzz`: the cargo-fuzz targets of `fuzz/`, with the address sanitizer.
 
 mod bench;
+mod bench_scale;
 mod bench_tools;
 mod cargo;
 mod demo;
@@ -61,6 +62,13 @@ tasks:
                         1, 2, 4 channels; prints a markdown section and writes it into its part
                         of docs/BENCHMARKS.md (--quick: fewer rounds); --save / --compare as
                         above, with the tools' ratios only
+  bench --scale [--quick]
+                        many connections to one server across two VMs (server in VM a): bursts
+                        of 1,000, 2,000, 5,000 and 10,000 connections (--quick: the first two),
+                        64 connects in flight, each echoing one message, after `cmtime -c N` in
+                        the same boot; setup rate against cmtime's, memory and descriptors per
+                        connection on both sides, memory after each burst; writes its part of
+                        docs/BENCHMARKS.md and docs/bench-scale.svg
   bench --readme        rewrite README.md's figures table from docs/BENCHMARKS.md's tools part
                         (`bench --tools` does it after each run; a native test checks they agree)
   demo [--vm] [OPTS]    build examples/echo_server.rs and echo_client.rs (release) and run them

@@ -157,6 +157,21 @@ pub fn write_tools(path: &Path, section: &str) -> Result<()> {
     )
 }
 
+/// Writes the many-connections run's section (`cargo xtask bench --scale`) into its part of
+/// docs/BENCHMARKS.md.
+pub fn write_scale(path: &Path, section: &str) -> Result<()> {
+    replace_part(
+        path,
+        SCALE_BEGIN,
+        SCALE_END,
+        &format!("{SCALE_BEGIN}\n{}\n{SCALE_END}\n", section.trim_end()),
+    )
+}
+
+/// Where the many-connections run's generated part begins and ends.
+const SCALE_BEGIN: &str = "<!-- cargo xtask bench --scale: generated part, begin -->";
+const SCALE_END: &str = "<!-- cargo xtask bench --scale: generated part, end -->";
+
 /// Where the C-tool comparisons' generated part begins and ends.
 const TOOLS_BEGIN: &str = "<!-- cargo xtask bench --tools: generated part, begin -->";
 const TOOLS_END: &str = "<!-- cargo xtask bench --tools: generated part, end -->";

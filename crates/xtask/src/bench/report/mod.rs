@@ -10,7 +10,7 @@ mod ratios;
 mod samples;
 mod svg;
 
-pub use markdown::{compared_line, write_markdown, write_tools, Run};
+pub use markdown::{compared_line, write_markdown, write_scale, write_tools, Run};
 pub use ratios::{table, Measure, Ratios, BEYOND};
 pub use samples::{complete, figures, Instructions};
 pub use svg::write_svg;
