@@ -7,7 +7,8 @@
 //! its id (its posts fail cleanly, the CQ and PD stay until their last handle); posts racing
 //! the id's destroy on four threads; every owned handle leaked with `mem::forget` (only its
 //! objects leak, nothing hangs, the QP still goes with its id); an id migrated with its owned
-//! QP (allowed: nothing is borrowed).
+//! QP (allowed: nothing is borrowed); posted slots reclaimed from a destroyed QP, and only
+//! from it.
 //!
 //! Run in the soft-RoCE VM (`cargo xtask test`); skipped natively without a device, failed
 //! without one when `EVCHAN_REQUIRE_DEVICE=1`. The tests take turns (they count the process's
@@ -109,6 +110,53 @@ fn qp_handle_outlives_its_id() {
         before,
         "everything went with the last handle"
     );
+}
+
+/// `QpHandle::reclaim` gives a posted slot back without its completion only once its own QP is
+/// destroyed: not while the QP lives, not through another QP's handle (even a destroyed one);
+/// then a receive's slot comes back empty and a send's with its length.
+#[test]
+fn posted_slots_come_back_by_reclaim_once_their_qp_is_destroyed() {
+    require_device!();
+    let _serial = serial();
+    let (sch, cch) = channels();
+    let (server, mut s_side, rx, client, mut c_side) = owned_pair(&sch, &cch, 6);
+    let rx_index = rx.index();
+    // A send the server posts: the client has no receive posted, so it waits on the peer (or
+    // fails); either way its slot comes back once the QP is gone, completed or not.
+    let mut tx = s_side.slots.pop().unwrap();
+    tx.copy_from(b"twelve bytes").unwrap();
+    let tx_index = tx.index();
+    let tx = s_side.qp.post_send_slot(s_side.mr.mr(), tx, None).unwrap();
+    // While the QP lives: refused, unchanged.
+    let rx = s_side.qp.reclaim(rx).expect_err("the QP is alive");
+    assert_eq!(rx.index(), rx_index);
+    // Another QP's handle, alive then destroyed: refused.
+    let rx = c_side.qp.reclaim(rx).expect_err("another QP's handle");
+    drop(client);
+    assert!(!c_side.qp.is_alive());
+    let rx = c_side
+        .qp
+        .reclaim(rx)
+        .expect_err("another QP's handle, destroyed");
+    // The client's own posts through its handle come back once its QP went.
+    let c_rx = c_side.slots.pop().unwrap();
+    let e = c_side
+        .qp
+        .post_recv_slot(c_side.mr.mr(), c_rx)
+        .expect_err("the client's QP is gone");
+    assert!(matches!(e.error, VerbsError::QpDestroyed), "{e:?}");
+    // The server's QP destroyed with its id: both come back.
+    drop(server);
+    assert!(!s_side.qp.is_alive());
+    let slot = s_side
+        .qp
+        .reclaim(rx)
+        .expect("destroyed: the receive's slot");
+    assert_eq!((slot.index(), slot.len()), (rx_index, 0));
+    let slot = s_side.qp.reclaim(tx).expect("destroyed: the send's slot");
+    assert_eq!((slot.index(), slot.len()), (tx_index, 12));
+    assert_eq!(slot.as_slice(), b"twelve bytes");
 }
 
 #[test]

@@ -242,8 +242,14 @@ impl WaiterCell {
 pub(crate) struct QpGate {
     qp: NonNull<sys::ibv_qp>,
     qp_num: u32,
+    /// This gate among every gate of the process (from 1): what a post through it is tagged
+    /// with ([`crate::verbs::PostedSlot`]'s), unlike the QP number, which a later QP may reuse.
+    serial: u64,
     /// Open (`true`) until the id destroys the QP.
     open: RwLock<bool>,
+    /// Set once `ibv_destroy_qp` returned success: the device is done with every buffer of
+    /// the QP's work requests.
+    destroyed: std::sync::atomic::AtomicBool,
 }
 
 // SAFETY: the pointer is used only under the read lock while the gate is open (the QP is then
@@ -260,15 +266,34 @@ impl QpGate {
     ///
     /// `qp` is live, and whoever destroys it calls [`close`](Self::close) first.
     pub(crate) unsafe fn new(qp: QpPtr<'_>) -> Self {
+        static SERIALS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
         Self {
             qp: qp.as_non_null(),
             qp_num: qp.qp_num(),
+            serial: SERIALS.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             open: RwLock::new(true),
+            destroyed: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
     pub(crate) fn qp_num(&self) -> u32 {
         self.qp_num
+    }
+
+    pub(crate) fn serial(&self) -> u64 {
+        self.serial
+    }
+
+    /// Whether `ibv_destroy_qp` destroyed the QP (and returned success).
+    pub(crate) fn is_destroyed(&self) -> bool {
+        self.destroyed.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// The QP was destroyed: called by its id once `ibv_destroy_qp` returned success, the
+    /// gate closed before.
+    pub(crate) fn mark_destroyed(&self) {
+        self.destroyed
+            .store(true, std::sync::atomic::Ordering::Release);
     }
 
     pub(crate) fn is_open(&self) -> bool {

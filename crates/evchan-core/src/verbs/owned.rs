@@ -350,7 +350,7 @@ impl QpHandle {
         slot: Slot,
     ) -> std::result::Result<PostedSlot, SlotPostError> {
         self.0.with(|qp| match qp {
-            Some(qp) => super::slots::recv_on(Some(qp), mr, slot),
+            Some(qp) => self.tag(super::slots::recv_on(Some(qp), mr, slot)),
             None => Err(destroyed(slot)),
         })
     }
@@ -370,8 +370,42 @@ impl QpHandle {
         imm: Option<u32>,
     ) -> std::result::Result<PostedSlot, SlotPostError> {
         self.0.with(|qp| match qp {
-            Some(qp) => super::slots::send_on(Some(qp), mr, slot, imm),
+            Some(qp) => self.tag(super::slots::send_on(Some(qp), mr, slot, imm)),
             None => Err(destroyed(slot)),
+        })
+    }
+
+    /// A slot posted on this QP back without its completion, once the QP is destroyed: its
+    /// id's `rdma_destroy_qp` (or the id's drop) destroyed it, and `ibv_destroy_qp` returned
+    /// success, so the device touches none of its work requests' buffers any more. A
+    /// receive's, a READ's or an atomic's slot comes back with length 0, a send's or a
+    /// WRITE's as posted.
+    ///
+    /// This is how a pool shared by many QPs gets back the slots of a connection that ended
+    /// with work requests in flight, whose completions were not reaped (a destroyed QP owes
+    /// none).
+    ///
+    /// # Errors
+    /// `posted` unchanged while the QP is not destroyed (alive, or its destroy failed), or when
+    /// it was not posted through a handle of this QP (another QP, even one of the same number,
+    /// or an id's or a [`Qp`](super::Qp)'s own post).
+    pub fn reclaim(&self, posted: PostedSlot) -> std::result::Result<Slot, PostedSlot> {
+        if posted.gate == self.0.serial() && self.0.is_destroyed() {
+            Ok(posted.reclaimed())
+        } else {
+            Err(posted)
+        }
+    }
+
+    /// Tags a post through this handle with its gate's serial ([`reclaim`](Self::reclaim)).
+    #[inline]
+    fn tag(
+        &self,
+        posted: std::result::Result<PostedSlot, SlotPostError>,
+    ) -> std::result::Result<PostedSlot, SlotPostError> {
+        posted.map(|mut p| {
+            p.gate = self.0.serial();
+            p
         })
     }
 }
@@ -397,7 +431,7 @@ impl QpHandle {
             }
         };
         self.0.with(|qp| match qp {
-            Some(qp) => super::slots::remote_on(Some(qp), mr, slot, len, op(addr)),
+            Some(qp) => self.tag(super::slots::remote_on(Some(qp), mr, slot, len, op(addr))),
             None => Err(destroyed(slot)),
         })
     }

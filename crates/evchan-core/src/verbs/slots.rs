@@ -352,6 +352,10 @@ pub struct PostedSlot {
     /// A READ's or an atomic's length: the device writes that many bytes of the slot, which
     /// are its length after a successful completion.
     fetched: Option<usize>,
+    /// The serial of the [`QpHandle`](super::QpHandle) gate it was posted through (0: posted
+    /// through an id or a [`Qp`](super::Qp)): what [`QpHandle::reclaim`](super::QpHandle::reclaim)
+    /// checks.
+    pub(super) gate: u64,
 }
 
 impl PostedSlot {
@@ -409,6 +413,19 @@ impl PostedSlot {
             };
         }
         Ok(slot)
+    }
+}
+
+impl PostedSlot {
+    /// The slot back without a completion, for a QP that is destroyed (the caller checked):
+    /// its length as posted for a send or a WRITE, 0 for a receive, a READ or an atomic (as
+    /// after an error completion).
+    pub(super) fn reclaimed(self) -> Slot {
+        let mut slot = self.slot;
+        if self.recv || self.fetched.is_some() {
+            slot.len = 0;
+        }
+        slot
     }
 }
 
@@ -488,6 +505,7 @@ fn post(
             slot: Slot { raw, len },
             wr_id,
             qp_num: qp.qp_num(),
+            gate: 0,
             recv: matches!(op, ffi::SlotOp::Recv),
             fetched: match op {
                 ffi::SlotOp::Remote {

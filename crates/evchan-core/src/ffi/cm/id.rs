@@ -112,7 +112,7 @@ impl IdInner {
         self.claims.load(Ordering::Acquire).saturating_sub(1)
     }
 
-    /// `rdma_destroy_qp` of a QP made by [`Id::create_qp_with`] or [`Id::create_qp_owned`]
+    /// `rdma_destroy_qp`'s steps, checked, for a QP made by [`Id::create_qp_with`] or [`Id::create_qp_owned`]
     /// (whose gate is closed first, and whose parents go after), and `pd` put back to
     /// librdmacm's. Called with the gate held and the state locked, so no reader touches the QP
     /// and no destroy of the id runs meanwhile, by the owner: from its drop or from
@@ -130,7 +130,26 @@ impl IdInner {
         // a CONNECT_RESPONSE or REJECTED of the id. Async events naming the QP are acked at read
         // (`ffi::verbs::RawAsyncEvent`), so `ibv_destroy_qp` does not wait on one. The CQs are
         // the caller's, so `rdma_destroy_qp` destroys no CQ.
-        unsafe { sys::rdma_destroy_qp(self.raw.as_ptr()) };
+        //
+        // librdmacm's `rdma_destroy_qp` is `ibv_destroy_qp(id->qp)`, `id->qp = NULL`, and the
+        // destroy of the CQs librdmacm made for the QP (none here); it drops
+        // `ibv_destroy_qp`'s result. The same steps here keep it: only a destroy that returned
+        // success lets the QP's posted buffers be reclaimed (`QpHandle::reclaim`). After a
+        // failed one, `rdma_destroy_qp` runs as before (and the buffers stay lost).
+        let qp_ptr = unsafe { (*self.raw.as_ptr()).qp };
+        // SAFETY: `qp_ptr` is the id's QP, live (see above); destroyed once, here.
+        let rc = unsafe { sys::ibv_destroy_qp(qp_ptr) };
+        if rc == 0 {
+            // SAFETY: the id is live and its owner (the only writer) is borrowed by this call,
+            // under the lock; the QP is gone, so the pointer is cleared as librdmacm does.
+            unsafe { (*self.raw.as_ptr()).qp = std::ptr::null_mut() };
+            if let Some(owned) = &qp.owned {
+                owned.gate.mark_destroyed();
+            }
+        } else {
+            // SAFETY: as for `ibv_destroy_qp` above: the QP is still the id's.
+            unsafe { sys::rdma_destroy_qp(self.raw.as_ptr()) };
+        }
         // SAFETY: the id is live; its owner (the only writer) is being dropped or is borrowed
         // by this call, under the lock.
         unsafe { (*self.raw.as_ptr()).pd = qp.lib_pd };
