@@ -31,36 +31,16 @@ impl Config {
             .max_sge(1)
     }
 
-    /// A connection's memory, each pool registered by `register`: `recv_depth + ctrl_slots`
-    /// receive slots, and `send_depth` data and `ctrl_slots` control send slots, each of
-    /// `max_message` bytes.
-    pub(crate) fn pools<M>(
-        &self,
-        mut register: impl FnMut(SlotPool) -> Result<M>,
-    ) -> Result<Pools<M>> {
+    /// A connection's receive memory: `recv_depth + ctrl_slots` slots of `max_message`
+    /// bytes, all to be posted. (Its send slots come from its shard's pool,
+    /// [`crate::wire::SendPool`].)
+    pub(crate) fn recv_pool(&self) -> Result<(SlotPool, Vec<Slot>)> {
         let ctrl = u32::from(self.ctrl_slots);
-        let size = self.max_message as usize;
-        let (recv_pool, recv_slots) = SlotPool::new((self.recv_depth + ctrl) as usize, size)?;
-        let (send_pool, mut free_data) = SlotPool::new((self.send_depth + ctrl) as usize, size)?;
-        let free_ctrl = free_data.split_off(self.send_depth as usize);
-        Ok(Pools {
-            recv_mr: register(recv_pool)?,
-            recv_slots,
-            send_mr: register(send_pool)?,
-            free_data,
-            free_ctrl,
-        })
+        Ok(SlotPool::new(
+            (self.recv_depth + ctrl) as usize,
+            self.max_message as usize,
+        )?)
     }
-}
-
-/// What [`Config::pools`] registers: the receive pool with its slots (all to be posted), the
-/// send pool with its free data and control slots.
-pub(crate) struct Pools<M> {
-    pub(crate) recv_mr: M,
-    pub(crate) recv_slots: Vec<Slot>,
-    pub(crate) send_mr: M,
-    pub(crate) free_data: Vec<Slot>,
-    pub(crate) free_ctrl: Vec<Slot>,
 }
 
 /// The RDMA READs and atomics a connection takes (as target) and issues at once, at most: a

@@ -89,8 +89,10 @@ impl Config {
         self
     }
 
-    /// How many of this side's messages may be in flight before `send` waits (send slots,
-    /// registered once per connection).
+    /// How many of this side's messages may be in flight before `send` waits. Their send
+    /// slots come from a pool that the shard's connections on the device share (per
+    /// `max_message`), taken when a message is posted and given back at its completion: a
+    /// connection with nothing in flight holds none.
     #[must_use]
     pub fn send_depth(mut self, n: u32) -> Self {
         self.send_depth = n;
@@ -174,8 +176,9 @@ impl Config {
     /// below one connection's [`buffer_bytes`](Self::buffer_bytes) is a
     /// [`Error::Config`](crate::Error::Config).
     ///
-    /// What it bounds is the registered memory evchan maps for the connections (their slot
-    /// pools), the bulk of a connection's cost with the defaults; not the rest of the process
+    /// What it bounds is the registered memory evchan maps for the connections (their receive
+    /// slots, and the send slots each may hold at once, taken from its shard's pool while in
+    /// flight), the bulk of a connection's cost with the defaults; not the rest of the process
     /// (the QP's and CQ's queues, which the provider maps, and evchan's bookkeeping), nor the
     /// memory of received messages the application still holds.
     ///
@@ -194,9 +197,10 @@ impl Config {
         self
     }
 
-    /// The buffer memory one connection of this configuration maps and registers: its receive
-    /// slots (`recv_depth` + `ctrl_slots`) and its send slots (`send_depth` + `ctrl_slots`),
-    /// each of `max_message` bytes, each pool rounded up to whole pages. What
+    /// The buffer memory one connection of this configuration may hold: its receive slots
+    /// (`recv_depth` + `ctrl_slots`, mapped and registered for it) and the send slots it may
+    /// have in flight at once (`send_depth` + `ctrl_slots`, from its shard's pool), each of
+    /// `max_message` bytes, each rounded up to whole pages. What
     /// [`memory_budget`](Self::memory_budget) counts per connection.
     #[must_use]
     pub fn buffer_bytes(&self) -> u64 {

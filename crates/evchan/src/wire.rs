@@ -17,7 +17,10 @@
 //! the first sender in line). Any number of futures may wait (senders in a FIFO line, see
 //! [`crate::wait`]); each leaves its line when it completes or is dropped ([`Waiting`]).
 //! One-sided operations ([`remote`]) take a send slot, post on the same send queue and wait
-//! for their completion in a line of their own.
+//! for their completion in a line of their own. Send slots come from a pool the shard's
+//! connections on the device share ([`pool`]), taken at the post and given back at the
+//! completion; the connection's own bounds (`send_depth` data and `ctrl_slots` control work
+//! requests in flight) are counts on its path.
 //!
 //! The shard can take the verbs objects away at any time ([`Wire::release`]: the connection
 //! closed, was lost, or its device was removed); the halves then see why the connection
@@ -46,7 +49,9 @@ use crate::runtime::removal::Removal;
 use crate::runtime::ConnId;
 use crate::wait::{Place, Role, Taken, Waiters};
 
+mod pool;
 mod remote;
+pub(crate) use pool::{PoolUser, SendPool};
 pub(crate) use remote::{Fetch, Fetched, PostBuffer, PostRemote, Poster, RemoteOp};
 
 /// How many completions one poll of the CQ takes.
@@ -155,7 +160,8 @@ pub(crate) struct Objects {
     /// The protection domain of the QP and the regions (what [`crate::Connection::expose`]
     /// registers on).
     pub(crate) pd: OwnedPd,
-    pub(crate) send_mr: OwnedMr<SlotPool>,
+    /// The shard's send slots (of this connection's size, on its device).
+    pub(crate) send_pool: PoolUser,
     pub(crate) recv_mr: OwnedMr<SlotPool>,
     /// The CQ's route in its shard's hub: goes before the CQ.
     route: Route,
@@ -166,7 +172,7 @@ impl Objects {
     pub(crate) fn new(
         qp: QpHandle,
         pd: OwnedPd,
-        send_mr: OwnedMr<SlotPool>,
+        send_pool: PoolUser,
         recv_mr: OwnedMr<SlotPool>,
         cq: OwnedCq,
         route: Route,
@@ -174,7 +180,7 @@ impl Objects {
         Self {
             qp,
             pd,
-            send_mr,
+            send_pool,
             recv_mr,
             route,
             cq,
@@ -293,8 +299,11 @@ struct Path {
     objects: Option<Objects>,
     /// `None` for a plain librdmacm peer (no flow control of ours), and before `ESTABLISHED`.
     credits: Option<Credits>,
-    free_data: Vec<Slot>,
-    free_ctrl: Vec<Slot>,
+    /// Data work requests (messages and one-sided operations) that may still be posted:
+    /// `send_depth` less those in flight.
+    data_room: u32,
+    /// Control messages that may still be posted: `ctrl_slots` less those in flight.
+    ctrl_room: u32,
     /// Posted and not completed, in posting order (completions come in that order per queue).
     posted_send: VecDeque<(PostedSlot, Wr)>,
     /// Work requests from registered buffers (messages and one-sided operations), posted and
@@ -348,8 +357,8 @@ impl Wire {
     /// posted already. It is not open (no credits) until [`open`](Self::open).
     pub(crate) fn new(
         objects: Objects,
-        free_data: Vec<Slot>,
-        free_ctrl: Vec<Slot>,
+        data_room: u32,
+        ctrl_room: u32,
         posted_recv: Vec<PostedSlot>,
         max_recv: u32,
         busy_poll: Option<Duration>,
@@ -360,8 +369,8 @@ impl Wire {
             path: Mutex::new(Path {
                 objects: Some(objects),
                 credits: None,
-                free_data,
-                free_ctrl,
+                data_room,
+                ctrl_room,
                 posted_send: VecDeque::new(),
                 posted_mr: VecDeque::new(),
                 posted_recv: posted_recv.into(),
@@ -749,6 +758,16 @@ impl Wire {
                 path.stop = Some(Stop::Lost(Lost::DeviceRemoved));
             }
             path.stop.get_or_insert(Stop::Lost(why));
+            // The QP is destroyed: the slots of its sends come back to the shard's pool
+            // (those a failed destroy keeps are lost, and their chunk stays).
+            let p = &mut *path;
+            if let Some(objects) = &p.objects {
+                for (posted, _) in p.posted_send.drain(..) {
+                    if let Ok(slot) = objects.qp.reclaim(posted) {
+                        objects.send_pool.pool().give(slot);
+                    }
+                }
+            }
             path.posted_send.clear();
             // The QP is destroyed: the device is done with these buffers (each is
             // deregistered, then freed; a future still waiting learns that the connection
@@ -884,7 +903,7 @@ impl Path {
     }
 
     fn can_send(&self) -> bool {
-        !self.free_data.is_empty() && self.credits.as_ref().is_none_or(Credits::can_send_data)
+        self.data_room > 0 && self.credits.as_ref().is_none_or(Credits::can_send_data)
     }
 
     fn sending(&self) -> bool {
@@ -943,35 +962,43 @@ impl Path {
         let Some(objects) = &self.objects else {
             return Posted::Failed;
         };
-        let mut slot = self.free_data.pop().expect("checked by can_send");
+        debug_assert!(self.data_room > 0, "checked by can_send");
+        let (mr, mut slot) = match objects.send_pool.pool().take() {
+            Ok(taken) => taken,
+            Err(e) => {
+                self.lose(Lost::Verbs(format!("no send slot: {e}")));
+                return Posted::Failed;
+            }
+        };
         if let Err(e) = slot.copy_from(data) {
-            self.free_data.push(slot);
+            objects.send_pool.pool().give(slot);
             self.lose(Lost::Verbs(e.to_string()));
             return Posted::Failed;
         }
         let saved = self.credits.clone();
         let imm = self.credits.as_mut().and_then(Credits::send_data);
-        match objects.qp.post_send_slot(objects.send_mr.mr(), slot, imm) {
+        match objects.qp.post_send_slot(mr.mr(), slot, imm) {
             Ok(posted) => {
+                self.data_room -= 1;
                 self.sends_in_flight += 1;
                 self.posted_send.push_back((posted, Wr::Data));
                 Posted::Yes
             }
             Err(e) if e.is_queue_full() => {
                 self.credits = saved;
-                self.free_data.push(e.slot);
+                objects.send_pool.pool().give(e.slot);
                 Posted::QueueFull
             }
             Err(e) => {
-                self.free_data.push(e.slot);
+                objects.send_pool.pool().give(e.slot);
                 self.lose(post_failed(&e.error));
                 Posted::Failed
             }
         }
     }
 
-    /// Posts the first `len` bytes of the registered buffer `mr` as a message, zero-copy, with
-    /// a free send slot as its send queue entry's token (the caller checked [`can_send`]);
+    /// Posts the first `len` bytes of the registered buffer `mr` as a message, zero-copy, in a
+    /// data work request's room (the caller checked [`can_send`]);
     /// `id`: its work request id, whose entry in [`Path::remote`] waits for the completion.
     fn post_data_buffer(
         &mut self,
@@ -986,15 +1013,15 @@ impl Path {
         let Some(buffer) = mr.take() else {
             unreachable!("a buffer is posted once");
         };
-        let token = self.free_data.pop().expect("checked by can_send");
+        debug_assert!(self.data_room > 0, "checked by can_send");
         let saved = self.credits.clone();
         let imm = self.credits.as_mut().and_then(Credits::send_data);
         match objects.qp.post_send_mr(buffer, len, imm) {
             Ok(posted) => {
                 let wr_id = posted.wr_id();
+                self.data_room -= 1;
                 self.sends_in_flight += 1;
-                self.posted_mr
-                    .push_back(remote::InFlight::new(posted, token));
+                self.posted_mr.push_back(remote::InFlight::new(posted));
                 self.remote
                     .insert(wr_id, remote::Entry::new(Fetch::Nothing));
                 *id = Some(wr_id);
@@ -1002,7 +1029,6 @@ impl Path {
             }
             Err(e) => {
                 self.credits = saved;
-                self.free_data.push(token);
                 let queue_full = e.is_queue_full();
                 *mr = Some(e.mr);
                 if queue_full {
@@ -1014,28 +1040,34 @@ impl Path {
         }
     }
 
-    /// Posts a control message with immediate data `imm` from a free control slot: its work
-    /// request id; `None` when there is no slot or the queue is full (the slot goes back), or
-    /// the post failed (the connection is then lost).
+    /// Posts a control message with immediate data `imm` (no payload) in a control work
+    /// request's room: its work request id; `None` when there is no room or the queue is full,
+    /// or the post failed (the connection is then lost).
     fn post_ctrl(&mut self, imm: u32) -> Option<u64> {
         let objects = self.objects.as_ref()?;
-        let mut slot = self.free_ctrl.pop()?;
-        let _ = slot.set_len(0);
-        match objects
-            .qp
-            .post_send_slot(objects.send_mr.mr(), slot, Some(imm))
-        {
+        if self.ctrl_room == 0 {
+            return None;
+        }
+        let (mr, slot) = match objects.send_pool.pool().take() {
+            Ok(taken) => taken,
+            Err(e) => {
+                self.lose(Lost::Verbs(format!("no send slot: {e}")));
+                return None;
+            }
+        };
+        match objects.qp.post_send_slot(mr.mr(), slot, Some(imm)) {
             Ok(p) => {
                 let wr_id = p.wr_id();
+                self.ctrl_room -= 1;
                 self.posted_send.push_back((p, Wr::Ctrl));
                 Some(wr_id)
             }
             Err(e) if e.is_queue_full() => {
-                self.free_ctrl.push(e.slot);
+                objects.send_pool.pool().give(e.slot);
                 None
             }
             Err(e) => {
-                self.free_ctrl.push(e.slot);
+                objects.send_pool.pool().give(e.slot);
                 self.lose(post_failed(&e.error));
                 None
             }
@@ -1044,7 +1076,7 @@ impl Path {
 
     /// Credit updates that are due, and the `FIN` once wanted, from the control slots.
     fn flush_ctrl(&mut self) {
-        while self.stop.is_none() && !self.free_ctrl.is_empty() {
+        while self.stop.is_none() && self.ctrl_room > 0 {
             let Some(credits) = self.credits.as_mut() else {
                 return;
             };
@@ -1073,7 +1105,7 @@ impl Path {
     /// A keepalive: a control message that returns nothing new, when a control credit is free
     /// (else the confirmations it waits for say the same soon).
     fn keepalive(&mut self) {
-        if self.stop.is_some() || self.free_ctrl.is_empty() {
+        if self.stop.is_some() || self.ctrl_room == 0 {
             return;
         }
         let Some(credits) = self.credits.as_mut() else {
@@ -1271,7 +1303,8 @@ impl Path {
             Wr::Recv => {}
             Wr::Data => {
                 self.sends_in_flight = self.sends_in_flight.saturating_sub(1);
-                self.free_data.push(slot);
+                self.give_send_slot(slot);
+                self.data_room += 1;
                 if !ok {
                     self.undelivered = true;
                 }
@@ -1281,10 +1314,18 @@ impl Path {
                 if self.fin_wr == Some(wc.wr_id()) {
                     self.fin_wr = None;
                 }
-                self.free_ctrl.push(slot);
+                self.give_send_slot(slot);
+                self.ctrl_room += 1;
             }
         }
         self.on_status(kind == Wr::Recv, wc);
+    }
+
+    /// A send slot back to the shard's pool.
+    fn give_send_slot(&self, slot: Slot) {
+        if let Some(objects) = &self.objects {
+            objects.send_pool.pool().give(slot);
+        }
     }
 
     /// A failed completion (`recv`: of a receive) loses the connection; a flush is noted.

@@ -116,6 +116,9 @@ struct Shard<'s> {
     /// Per device (as `env.names`), the completion channel of this shard's connections on it,
     /// made with the first.
     hubs: Vec<Option<Arc<crate::hub::Hub>>>,
+    /// By device (index in `env.names`) and slot size, the send slots this shard's
+    /// connections share, made with the first.
+    pools: std::collections::HashMap<(usize, usize), Arc<crate::wire::SendPool>>,
 }
 
 impl Drop for Shard<'_> {
@@ -207,6 +210,7 @@ async fn drive<'s>(
         keepalive_at: None,
         keepalive_tick: None,
         hubs: Vec::new(),
+        pools: std::collections::HashMap::new(),
     };
     // Two timers, each reset only when its instant moves (not made again on every wake-up).
     let mut keepalive = std::pin::pin!(tokio::time::sleep_until(tokio::time::Instant::now()));

@@ -46,16 +46,14 @@ pub(crate) enum Poster<'a> {
 /// stands for its send queue entry.
 pub(crate) struct InFlight {
     posted: PostedMr<Vec<u8>>,
-    token: Slot,
     /// A message (counted as a send), not a one-sided operation.
     message: bool,
 }
 
 impl InFlight {
-    pub(super) fn new(posted: PostedMr<Vec<u8>>, token: Slot) -> Self {
+    pub(super) fn new(posted: PostedMr<Vec<u8>>) -> Self {
         Self {
             posted,
-            token,
             message: true,
         }
     }
@@ -133,48 +131,57 @@ impl Path {
         if op.fetch != Fetch::Nothing && self.reads == 0 {
             return Err(Error::NoReadResources);
         }
-        let Some(slot) = self.free_data.pop() else {
+        if self.data_room == 0 {
             return Ok(None);
-        };
+        }
         let post = match op.post {
             Poster::Slot(post) => post,
-            Poster::Buffer(post) => return self.post_remote_buffer(op, post, slot),
+            Poster::Buffer(post) => return self.post_remote_buffer(op, post),
             Poster::Posted => unreachable!("a posted operation is not posted again"),
         };
-        match post(&objects.qp, objects.send_mr.mr(), slot) {
+        let (mr, slot) = match objects.send_pool.pool().take() {
+            Ok(taken) => taken,
+            Err(e) => {
+                self.lose(Lost::Verbs(format!("no send slot: {e}")));
+                return Err(self.ended());
+            }
+        };
+        match post(&objects.qp, mr.mr(), slot) {
             Ok(posted) => {
                 let id = posted.wr_id();
+                self.data_room -= 1;
                 self.posted_send.push_back((posted, Wr::Remote));
                 Ok(Some(self.track(id, op.fetch)))
             }
-            Err(SlotPostError { slot, error }) => self.refused(slot, error),
+            Err(SlotPostError { slot, error }) => {
+                objects.send_pool.pool().give(slot);
+                self.refused(error)
+            }
         }
     }
 
-    /// Posts `op` from its registered buffer, with `token` for its send queue entry.
+    /// Posts `op` from its registered buffer, in a data work request's room.
     fn post_remote_buffer(
         &mut self,
         op: &mut RemoteOp<'_>,
         post: &PostBuffer<'_>,
-        token: Slot,
     ) -> Result<Option<u64>> {
         let (Some(objects), Some(mr)) = (&self.objects, op.buffer.take()) else {
-            self.free_data.push(token);
             return Err(self.ended());
         };
         match post(&objects.qp, mr) {
             Ok(posted) => {
                 let id = posted.wr_id();
+                self.data_room -= 1;
                 self.posted_mr.push_back(InFlight {
                     posted,
-                    token,
                     message: false,
                 });
                 Ok(Some(self.track(id, op.fetch)))
             }
             Err(MrPostError { mr, error }) => {
                 op.buffer = Some(mr);
-                self.refused(token, error)
+                self.refused(error)
             }
         }
     }
@@ -186,11 +193,10 @@ impl Path {
         id
     }
 
-    /// A post refused `error`, `slot` back to the pool: a full send queue is waited out
-    /// (`Ok(None)`), a range checked before posting is the caller's error (the connection
-    /// goes on), anything else loses the connection.
-    fn refused(&mut self, slot: Slot, error: VerbsError) -> Result<Option<u64>> {
-        self.free_data.push(slot);
+    /// A post refused `error` (its slot, if any, back in the pool): a full send queue is
+    /// waited out (`Ok(None)`), a range checked before posting is the caller's error (the
+    /// connection goes on), anything else loses the connection.
+    fn refused(&mut self, error: VerbsError) -> Result<Option<u64>> {
         match error {
             e if e.is_queue_full() => Ok(None),
             VerbsError::Remote(r) => Err(Error::Remote(r)),
@@ -210,12 +216,13 @@ impl Path {
             Fetch::Bytes => Fetched::Bytes(Bytes::copy_from_slice(slot.as_slice())),
             Fetch::Word => Fetched::Word(atomic_result(&slot).unwrap_or_default()),
         });
-        self.free_data.push(slot);
+        self.give_send_slot(slot);
+        self.data_room += 1;
     }
 
     /// A work request from a registered buffer completed (a message, or a one-sided
     /// operation): its region goes to its future (if still there; else it is deregistered and
-    /// freed now), its token back to the pool.
+    /// freed now), its room back.
     pub(super) fn on_buffer(&mut self, done: InFlight, wc: &WorkCompletion) {
         let Ok(mr) = done.posted.complete(wc) else {
             unreachable!("found by its completion");
@@ -228,7 +235,7 @@ impl Path {
         } else {
             self.remote_in_flight = self.remote_in_flight.saturating_sub(1);
         }
-        self.free_data.push(done.token);
+        self.data_room += 1;
         self.settle(wc, |_| Fetched::Nothing);
         if let Some(entry) = self.remote.get_mut(&wc.wr_id()) {
             entry.buffer = Some(mr);

@@ -54,6 +54,8 @@ impl Shard<'_> {
             }
             self.release(c, Lost::DeviceRemoved);
         }
+        // Their send slots' registrations go with them (not left for the shard's end).
+        self.pools.clear();
         tracing::debug!(
             listeners = n_listeners,
             connections = n_conns,

@@ -234,13 +234,14 @@ impl<'s> Shard<'s> {
         let config = &c.config;
         let (cq, route) = hub.cq(config.cq_cost())?;
         let qp = target.create_qp(pd, &cq, &config.qp_init())?;
-        let cm_map::Pools {
-            recv_mr,
-            recv_slots,
-            send_mr,
-            free_data,
-            free_ctrl,
-        } = config.pools(|pool| Ok(OwnedMr::new(pd, pool)?))?;
+        let (recv_pool, recv_slots) = config.recv_pool()?;
+        let recv_mr = OwnedMr::new(pd, recv_pool)?;
+        let size = config.max_message as usize;
+        let send_pool = self
+            .pools
+            .entry((dev, size))
+            .or_insert_with(|| crate::wire::SendPool::new(pd.clone(), size))
+            .user();
         let mut posted = Vec::with_capacity(recv_slots.len());
         for slot in recv_slots {
             posted.push(
@@ -248,11 +249,11 @@ impl<'s> Shard<'s> {
                     .map_err(|e| Error::Verbs(e.error))?,
             );
         }
-        let objects = Objects::new(qp, pd.clone(), send_mr, recv_mr, cq, route);
+        let objects = Objects::new(qp, pd.clone(), send_pool, recv_mr, cq, route);
         let wire = Wire::new(
             objects,
-            free_data,
-            free_ctrl,
+            config.send_depth,
+            u32::from(config.ctrl_slots),
             posted,
             config.max_message,
             config.busy_poll,
