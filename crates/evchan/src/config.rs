@@ -138,7 +138,7 @@ impl Config {
     /// (reason 28, consumer reject). A request unanswered for
     /// [`connect_timeout`](Self::connect_timeout) is rejected, and an accepted one not
     /// established within `connect_timeout` of the accept is destroyed: at most `backlog` QPs
-    /// with their receive and send slots (made at the accept) are ever spent on peers that do
+    /// with their receive slots (made at the accept) are ever spent on peers that do
     /// not complete their side, each for at most `connect_timeout`.
     #[must_use]
     pub fn backlog(mut self, n: u32) -> Self {
@@ -178,7 +178,10 @@ impl Config {
     ///
     /// What it bounds is the registered memory evchan maps for the connections (their receive
     /// slots, and the send slots each may hold at once, taken from its shard's pool while in
-    /// flight), the bulk of a connection's cost with the defaults; not the rest of the process
+    /// flight), the bulk of a connection's cost with the defaults; beyond it, a shard's pool
+    /// maps its send slots in chunks of up to 256 KiB, so the pools may hold up to about one
+    /// chunk per shard, device and message size more than their connections' share (and,
+    /// for about a second after a burst, the chunks it emptied); not the rest of the process
     /// (the QP's and CQ's queues, which the provider maps, and evchan's bookkeeping), nor the
     /// memory of received messages the application still holds.
     ///

@@ -51,7 +51,7 @@ use crate::wait::{Place, Role, Taken, Waiters};
 
 mod pool;
 mod remote;
-pub(crate) use pool::{PoolUser, SendPool};
+pub(crate) use pool::{trim_all as trim_send_pools, PoolUser, SendPool};
 pub(crate) use remote::{Fetch, Fetched, PostBuffer, PostRemote, Poster, RemoteOp};
 
 /// How many completions one poll of the CQ takes.

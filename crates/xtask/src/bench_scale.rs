@@ -22,7 +22,7 @@ const PORT: u16 = 7495;
 const IN_FLIGHT: usize = 64;
 /// The server's `Config::memory_budget`: within the 1 GiB VM with room to spare, so that a
 /// burst beyond it meets typed rejects, not the OOM killer.
-const SERVER_BUDGET_MIB: u64 = 512;
+const SERVER_BUDGET_MIB: u64 = 800;
 /// The client starts no new connect past this much resident memory (its VM has 1 GiB).
 const CLIENT_RSS_LIMIT_MIB: u64 = 700;
 /// cmtime 44's steps from a new id to `ESTABLISHED`, as it names them.

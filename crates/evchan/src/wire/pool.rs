@@ -4,15 +4,16 @@
 //! memory. (Its bound, `Config::send_depth` data and `ctrl_slots` control work requests in
 //! flight, is a count on its path.)
 //!
-//! The slots come in chunks, each a mapping registered once on the device's PD. A new chunk
-//! is made when every slot is taken; a chunk whose slots have all come back is unmapped once
-//! the other chunks have a chunk's worth of free slots (so a steady load does not register
-//! and unmap in turn), and every chunk with all its slots back goes when the last connection
-//! using the pool is released (nothing is kept registered for a device nobody uses).
+//! The slots come in chunks, each a mapping registered once on the device's PD (made outside
+//! the pool's lock). A new chunk is made when every slot is taken. A chunk whose slots have
+//! all been back for [`IDLE_TICKS`] looks of its runtime's thread ([`trim_all`], every 50 ms,
+//! so about a second) is unmapped, but for the pool's first chunk while a connection uses the
+//! pool; every chunk with all its slots back goes when the last connection using the pool is
+//! released (nothing stays registered for a device nobody uses). A load that comes and goes
+//! within the second does not register and unmap in turn.
 //!
 //! The lock is the pool's own, taken under a connection's path lock (never the other way
-//! round), for a `Vec` push or pop: held no longer than that, but for the rare chunk made
-//! (registered) or dropped.
+//! round), for a `Vec` push or pop.
 
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -29,6 +30,25 @@ fn chunk_slots(size: usize) -> usize {
     (CHUNK_BYTES / size.max(1)).clamp(4, 64)
 }
 
+/// Looks of the runtime's thread a chunk stays with all its slots back before it goes.
+const IDLE_TICKS: u32 = 20;
+
+/// Every pool of the process, for [`trim_all`].
+static POOLS: Mutex<Vec<std::sync::Weak<SendPool>>> = Mutex::new(Vec::new());
+
+/// One look at every pool of the process: unmaps the chunks idle for [`IDLE_TICKS`] looks
+/// (module docs). Called by each runtime's thread at every look at its devices.
+pub(crate) fn trim_all() {
+    let pools: Vec<Arc<SendPool>> = {
+        let mut all = POOLS.lock().unwrap_or_else(PoisonError::into_inner);
+        all.retain(|w| w.strong_count() > 0);
+        all.iter().filter_map(std::sync::Weak::upgrade).collect()
+    };
+    for pool in pools {
+        pool.trim();
+    }
+}
+
 /// One registered mapping of slots, with those not taken.
 struct Chunk {
     mr: Arc<OwnedMr<SlotPool>>,
@@ -36,6 +56,8 @@ struct Chunk {
     base: usize,
     count: usize,
     free: Vec<Slot>,
+    /// Looks since a slot was last taken from it with all its slots back.
+    idle: u32,
 }
 
 struct Chunks {
@@ -66,14 +88,19 @@ fn base_of(slot: &Slot, size: usize) -> usize {
 
 impl SendPool {
     pub(crate) fn new(pd: OwnedPd, size: usize) -> Arc<Self> {
-        Arc::new(Self {
+        let pool = Arc::new(Self {
             pd,
             size,
             inner: Mutex::new(Chunks {
                 chunks: Vec::new(),
                 users: 0,
             }),
-        })
+        });
+        POOLS
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(Arc::downgrade(&pool));
+        pool
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Chunks> {
@@ -86,16 +113,14 @@ impl SendPool {
         PoolUser(Arc::clone(self))
     }
 
-    /// A free slot (length 0) and its chunk's region, a new chunk made when none is free.
+    /// A free slot (length 0) and its chunk's region, a new chunk made (outside the lock) when
+    /// none is free.
     ///
     /// # Errors
     /// A chunk that could not be mapped or registered.
     pub(crate) fn take(&self) -> Result<(Arc<OwnedMr<SlotPool>>, Slot)> {
-        let mut inner = self.lock();
-        // The first chunks first: the last ones empty out and can go.
-        if let Some(c) = inner.chunks.iter_mut().find(|c| !c.free.is_empty()) {
-            let slot = c.free.pop().expect("found non-empty");
-            return Ok((Arc::clone(&c.mr), slot));
+        if let Some(taken) = self.take_free() {
+            return Ok(taken);
         }
         let count = chunk_slots(self.size);
         let (pool, mut slots) = SlotPool::new(count, self.size)?;
@@ -105,37 +130,59 @@ impl SendPool {
         // Taken from the end, slot 0 last.
         slots.reverse();
         let slot = slots.pop().expect("a chunk has slots");
-        inner.chunks.push(Chunk {
+        self.lock().chunks.push(Chunk {
             mr: Arc::clone(&mr),
             base,
             count,
             free: slots,
+            idle: 0,
         });
         Ok((mr, slot))
+    }
+
+    /// A free slot of a chunk there is, if any: the first chunks first, so that the last ones
+    /// empty out and can go.
+    fn take_free(&self) -> Option<(Arc<OwnedMr<SlotPool>>, Slot)> {
+        let mut inner = self.lock();
+        let c = inner.chunks.iter_mut().find(|c| !c.free.is_empty())?;
+        c.idle = 0;
+        let slot = c.free.pop().expect("found non-empty");
+        Some((Arc::clone(&c.mr), slot))
     }
 
     /// A slot back (its work request completed, or was never posted, or its QP is destroyed).
     pub(crate) fn give(&self, mut slot: Slot) {
         let _ = slot.set_len(0);
         let base = base_of(&slot, self.size);
-        let dropped = {
-            let mut inner = self.lock();
-            let Some(i) = inner.chunks.iter().position(|c| c.base == base) else {
-                // Not one of ours (cannot happen): dropped, its mapping kept by the slot.
-                return;
-            };
-            let c = &mut inner.chunks[i];
+        let mut inner = self.lock();
+        if let Some(c) = inner.chunks.iter_mut().find(|c| c.base == base) {
             c.free.push(slot);
-            let empty = c.free.len() == c.count;
-            let spare: usize = inner
-                .chunks
-                .iter()
-                .enumerate()
-                .filter(|(j, _)| *j != i)
-                .map(|(_, c)| c.free.len())
-                .sum();
-            (empty && (inner.users == 0 || spare >= chunk_slots(self.size)))
-                .then(|| inner.chunks.remove(i))
+        }
+        // (Else not one of ours, which cannot happen: dropped, its mapping kept by the slot.)
+    }
+
+    /// One look: chunks with all their slots back count one more idle look, and go after
+    /// [`IDLE_TICKS`] (but the first while the pool has users).
+    fn trim(&self) {
+        let dropped: Vec<Chunk> = {
+            let mut inner = self.lock();
+            let keep_first = inner.users > 0;
+            let mut dropped = Vec::new();
+            let mut i = 0;
+            while i < inner.chunks.len() {
+                let c = &mut inner.chunks[i];
+                if c.free.len() < c.count {
+                    c.idle = 0;
+                } else {
+                    c.idle = c.idle.saturating_add(1);
+                }
+                if c.idle >= IDLE_TICKS && !(keep_first && i == 0) {
+                    dropped.push(inner.chunks.remove(i));
+                } else {
+                    i += 1;
+                }
+            }
+            dropped
         };
         // Deregistered and unmapped after the lock.
         drop(dropped);

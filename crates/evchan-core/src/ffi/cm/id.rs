@@ -132,24 +132,25 @@ impl IdInner {
         // the caller's, so `rdma_destroy_qp` destroys no CQ.
         //
         // librdmacm's `rdma_destroy_qp` is `ibv_destroy_qp(id->qp)`, `id->qp = NULL`, and the
-        // destroy of the CQs librdmacm made for the QP (none here); it drops
-        // `ibv_destroy_qp`'s result. The same steps here keep it: only a destroy that returned
-        // success lets the QP's posted buffers be reclaimed (`QpHandle::reclaim`). After a
-        // failed one, `rdma_destroy_qp` runs as before (and the buffers stay lost).
+        // destroy of the CQs librdmacm made for the QP (none here: the caller gave both); it
+        // drops `ibv_destroy_qp`'s result. The same steps here keep it: only a destroy that
+        // returned success lets the QP's posted buffers be reclaimed (`QpHandle::reclaim`).
+        // A failed one is tried once more; after a second failure the QP is left (leaked, as
+        // `rdma_destroy_qp` leaves it) and its buffers stay lost.
         let qp_ptr = unsafe { (*self.raw.as_ptr()).qp };
-        // SAFETY: `qp_ptr` is the id's QP, live (see above); destroyed once, here.
-        let rc = unsafe { sys::ibv_destroy_qp(qp_ptr) };
-        if rc == 0 {
-            // SAFETY: the id is live and its owner (the only writer) is borrowed by this call,
-            // under the lock; the QP is gone, so the pointer is cleared as librdmacm does.
-            unsafe { (*self.raw.as_ptr()).qp = std::ptr::null_mut() };
-            if let Some(owned) = &qp.owned {
-                owned.gate.mark_destroyed();
+        for _ in 0..2 {
+            // SAFETY: `qp_ptr` is the id's QP, live (see above): not destroyed yet (a
+            // destroy that returns success ends the loop).
+            if unsafe { sys::ibv_destroy_qp(qp_ptr) } == 0 {
+                if let Some(owned) = &qp.owned {
+                    owned.gate.mark_destroyed();
+                }
+                break;
             }
-        } else {
-            // SAFETY: as for `ibv_destroy_qp` above: the QP is still the id's.
-            unsafe { sys::rdma_destroy_qp(self.raw.as_ptr()) };
         }
+        // SAFETY: the id is live and its owner (the only writer) is borrowed by this call,
+        // under the lock; the pointer is cleared as librdmacm does.
+        unsafe { (*self.raw.as_ptr()).qp = std::ptr::null_mut() };
         // SAFETY: the id is live; its owner (the only writer) is being dropped or is borrowed
         // by this call, under the lock.
         unsafe { (*self.raw.as_ptr()).pd = qp.lib_pd };
