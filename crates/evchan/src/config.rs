@@ -91,8 +91,11 @@ impl Config {
 
     /// How many of this side's messages may be in flight before `send` waits. Their send
     /// slots come from a pool that the shard's connections on the device share (per
-    /// `max_message`), taken when a message is posted and given back at its completion: a
-    /// connection with nothing in flight holds none.
+    /// `max_message`), taken when a message is posted and kept as spares after its
+    /// completion (so the pool's lock is not on every message's path), until the
+    /// connection's next keepalive look gives them back (about every
+    /// [`keepalive`](Self::keepalive) ÷ 2; with the keepalive off, or toward a plain
+    /// librdmacm peer, at its release): an idle connection holds none.
     #[must_use]
     pub fn send_depth(mut self, n: u32) -> Self {
         self.send_depth = n;

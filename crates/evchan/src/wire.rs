@@ -18,9 +18,10 @@
 //! [`crate::wait`]); each leaves its line when it completes or is dropped ([`Waiting`]).
 //! One-sided operations ([`remote`]) take a send slot, post on the same send queue and wait
 //! for their completion in a line of their own. Send slots come from a pool the shard's
-//! connections on the device share ([`pool`]), taken at the post and given back at the
-//! completion; the connection's own bounds (`send_depth` data and `ctrl_slots` control work
-//! requests in flight) are counts on its path.
+//! connections on the device share ([`pool`]), taken at the post and kept as spares after the
+//! completion until the keepalive's next look ([`Wire::tick`]) or the release; the
+//! connection's own bounds (`send_depth` data and `ctrl_slots` control work requests in
+//! flight) are counts on its path.
 //!
 //! The shard can take the verbs objects away at any time ([`Wire::release`]: the connection
 //! closed, was lost, or its device was removed); the halves then see why the connection
@@ -233,6 +234,9 @@ impl Drop for Locked<'_> {
     }
 }
 
+/// A send slot's chunk: its registered region, for the post.
+type ChunkMr = Arc<OwnedMr<SlotPool>>;
+
 /// What a posted work request was.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Wr {
@@ -305,7 +309,13 @@ struct Path {
     /// Control messages that may still be posted: `ctrl_slots` less those in flight.
     ctrl_room: u32,
     /// Posted and not completed, in posting order (completions come in that order per queue).
-    posted_send: VecDeque<(PostedSlot, Wr)>,
+    posted_send: VecDeque<(PostedSlot, Wr, ChunkMr)>,
+    /// Send slots this connection took from its shard's pool and keeps for its next posts (at
+    /// most `spare_max`): the pool's lock is not on every message's path. They go back to the
+    /// pool at the keepalive's look ([`Wire::tick`]) and at the release.
+    spare: Vec<(ChunkMr, Slot)>,
+    /// `send_depth + ctrl_slots`: what the connection may have in flight.
+    spare_max: usize,
     /// Work requests from registered buffers (messages and one-sided operations), posted and
     /// not completed, in posting order.
     posted_mr: VecDeque<remote::InFlight>,
@@ -372,6 +382,8 @@ impl Wire {
                 data_room,
                 ctrl_room,
                 posted_send: VecDeque::new(),
+                spare: Vec::new(),
+                spare_max: (data_room + ctrl_room) as usize,
                 posted_mr: VecDeque::new(),
                 posted_recv: posted_recv.into(),
                 received: VecDeque::new(),
@@ -762,13 +774,14 @@ impl Wire {
             // (those a failed destroy keeps are lost, and their chunk stays).
             let p = &mut *path;
             if let Some(objects) = &p.objects {
-                for (posted, _) in p.posted_send.drain(..) {
+                for (posted, _, _) in p.posted_send.drain(..) {
                     if let Ok(slot) = objects.qp.reclaim(posted) {
                         objects.send_pool.pool().give(slot);
                     }
                 }
             }
             path.posted_send.clear();
+            path.return_spare();
             // The QP is destroyed: the device is done with these buffers (each is
             // deregistered, then freed; a future still waiting learns that the connection
             // ended, without its buffer).
@@ -853,6 +866,7 @@ impl Wire {
         if due {
             path.keepalive();
         }
+        path.return_spare();
         path.stop.is_none()
     }
 
@@ -959,38 +973,35 @@ impl Path {
 
     /// Copies `data` into a free send slot and posts it (the caller checked [`can_send`]).
     fn post_data(&mut self, data: &[u8]) -> Posted {
-        let Some(objects) = &self.objects else {
+        debug_assert!(self.data_room > 0, "checked by can_send");
+        // (Without objects, no slot: the connection has stopped.)
+        let Some((mr, mut slot)) = self.take_slot() else {
             return Posted::Failed;
         };
-        debug_assert!(self.data_room > 0, "checked by can_send");
-        let (mr, mut slot) = match objects.send_pool.pool().take() {
-            Ok(taken) => taken,
-            Err(e) => {
-                self.lose(Lost::Verbs(format!("no send slot: {e}")));
-                return Posted::Failed;
-            }
-        };
         if let Err(e) = slot.copy_from(data) {
-            objects.send_pool.pool().give(slot);
+            self.put_slot(mr, slot);
             self.lose(Lost::Verbs(e.to_string()));
             return Posted::Failed;
         }
         let saved = self.credits.clone();
         let imm = self.credits.as_mut().and_then(Credits::send_data);
+        let Some(objects) = &self.objects else {
+            unreachable!("checked above, and only the shard's release takes them");
+        };
         match objects.qp.post_send_slot(mr.mr(), slot, imm) {
             Ok(posted) => {
                 self.data_room -= 1;
                 self.sends_in_flight += 1;
-                self.posted_send.push_back((posted, Wr::Data));
+                self.posted_send.push_back((posted, Wr::Data, mr));
                 Posted::Yes
             }
             Err(e) if e.is_queue_full() => {
                 self.credits = saved;
-                objects.send_pool.pool().give(e.slot);
+                self.put_slot(mr, e.slot);
                 Posted::QueueFull
             }
             Err(e) => {
-                objects.send_pool.pool().give(e.slot);
+                self.put_slot(mr, e.slot);
                 self.lose(post_failed(&e.error));
                 Posted::Failed
             }
@@ -1044,30 +1055,24 @@ impl Path {
     /// request's room: its work request id; `None` when there is no room or the queue is full,
     /// or the post failed (the connection is then lost).
     fn post_ctrl(&mut self, imm: u32) -> Option<u64> {
-        let objects = self.objects.as_ref()?;
-        if self.ctrl_room == 0 {
+        if self.objects.is_none() || self.ctrl_room == 0 {
             return None;
         }
-        let (mr, slot) = match objects.send_pool.pool().take() {
-            Ok(taken) => taken,
-            Err(e) => {
-                self.lose(Lost::Verbs(format!("no send slot: {e}")));
-                return None;
-            }
-        };
+        let (mr, slot) = self.take_slot()?;
+        let objects = self.objects.as_ref()?;
         match objects.qp.post_send_slot(mr.mr(), slot, Some(imm)) {
             Ok(p) => {
                 let wr_id = p.wr_id();
                 self.ctrl_room -= 1;
-                self.posted_send.push_back((p, Wr::Ctrl));
+                self.posted_send.push_back((p, Wr::Ctrl, mr));
                 Some(wr_id)
             }
             Err(e) if e.is_queue_full() => {
-                objects.send_pool.pool().give(e.slot);
+                self.put_slot(mr, e.slot);
                 None
             }
             Err(e) => {
-                objects.send_pool.pool().give(e.slot);
+                self.put_slot(mr, e.slot);
                 self.lose(post_failed(&e.error));
                 None
             }
@@ -1254,27 +1259,29 @@ impl Path {
 
     /// The posted work request `wc` completes, out of its queue: the queue's first (anywhere
     /// in it all the same, should a completion ever come out of order).
-    fn take_posted(&mut self, wc: &WorkCompletion) -> Option<(PostedSlot, Wr)> {
+    /// (A send's comes with its slot's chunk.)
+    fn take_posted(&mut self, wc: &WorkCompletion) -> Option<(PostedSlot, Wr, Option<ChunkMr>)> {
         let wr_id = wc.wr_id();
+        let send = |(p, wr, mr)| (p, wr, Some(mr));
         if self
             .posted_send
             .front()
-            .is_some_and(|(p, _)| p.wr_id() == wr_id)
+            .is_some_and(|(p, _, _)| p.wr_id() == wr_id)
         {
-            return self.posted_send.pop_front();
+            return self.posted_send.pop_front().map(send);
         }
         if self.posted_recv.front().is_some_and(|p| p.wr_id() == wr_id) {
-            return self.posted_recv.pop_front().map(|p| (p, Wr::Recv));
+            return self.posted_recv.pop_front().map(|p| (p, Wr::Recv, None));
         }
         if let Some(i) = self
             .posted_send
             .iter()
-            .position(|(p, _)| p.wr_id() == wr_id)
+            .position(|(p, _, _)| p.wr_id() == wr_id)
         {
-            return self.posted_send.remove(i);
+            return self.posted_send.remove(i).map(send);
         }
         let i = self.posted_recv.iter().position(|p| p.wr_id() == wr_id)?;
-        self.posted_recv.remove(i).map(|p| (p, Wr::Recv))
+        self.posted_recv.remove(i).map(|p| (p, Wr::Recv, None))
     }
 
     fn on_wc(&mut self, wc: &WorkCompletion) {
@@ -1287,7 +1294,7 @@ impl Path {
                 return;
             }
         }
-        let Some((posted, kind)) = self.take_posted(wc) else {
+        let Some((posted, kind, mr)) = self.take_posted(wc) else {
             return;
         };
         let Ok(slot) = posted.complete(wc) else {
@@ -1303,28 +1310,56 @@ impl Path {
             Wr::Recv => {}
             Wr::Data => {
                 self.sends_in_flight = self.sends_in_flight.saturating_sub(1);
-                self.give_send_slot(slot);
+                self.put_slot(mr.expect("a send's"), slot);
                 self.data_room += 1;
                 if !ok {
                     self.undelivered = true;
                 }
             }
-            Wr::Remote => self.on_remote(slot, wc),
+            Wr::Remote => self.on_remote(mr.expect("a send's"), slot, wc),
             Wr::Ctrl => {
                 if self.fin_wr == Some(wc.wr_id()) {
                     self.fin_wr = None;
                 }
-                self.give_send_slot(slot);
+                self.put_slot(mr.expect("a send's"), slot);
                 self.ctrl_room += 1;
             }
         }
         self.on_status(kind == Wr::Recv, wc);
     }
 
-    /// A send slot back to the shard's pool.
-    fn give_send_slot(&self, slot: Slot) {
-        if let Some(objects) = &self.objects {
+    /// A send slot for a post: a spare one, else one from the shard's pool; `None` (and the
+    /// connection lost) when the pool could not make one, or without objects.
+    fn take_slot(&mut self) -> Option<(ChunkMr, Slot)> {
+        if let Some(spare) = self.spare.pop() {
+            return Some(spare);
+        }
+        let taken = self.objects.as_ref()?.send_pool.pool().take();
+        match taken {
+            Ok(t) => Some(t),
+            Err(e) => {
+                self.lose(Lost::Verbs(format!("no send slot: {e}")));
+                None
+            }
+        }
+    }
+
+    /// A send slot back: kept as a spare (up to `spare_max`), else to the shard's pool.
+    fn put_slot(&mut self, mr: ChunkMr, mut slot: Slot) {
+        if self.spare.len() < self.spare_max && self.objects.is_some() {
+            let _ = slot.set_len(0);
+            self.spare.push((mr, slot));
+        } else if let Some(objects) = &self.objects {
             objects.send_pool.pool().give(slot);
+        }
+    }
+
+    /// The spare send slots back to the shard's pool.
+    fn return_spare(&mut self) {
+        if let Some(objects) = &self.objects {
+            for (_, slot) in self.spare.drain(..) {
+                objects.send_pool.pool().give(slot);
+            }
         }
     }
 

@@ -1,7 +1,7 @@
 //! Send slots shared by a shard's connections on one device (by slot size): a connection
-//! takes a slot when it posts a message, a control message or a one-sided operation, and
-//! gives it back at the completion, so a connection with nothing in flight holds no send
-//! memory. (Its bound, `Config::send_depth` data and `ctrl_slots` control work requests in
+//! takes a slot when it posts a message, a control message or a one-sided operation, keeps it
+//! as a spare after the completion, and gives its spares back at its keepalive's next look or
+//! its release, so an idle connection holds no send memory. (Its bound, `Config::send_depth` data and `ctrl_slots` control work requests in
 //! flight, is a count on its path.)
 //!
 //! The slots come in chunks, each a mapping registered once on the device's PD (made outside

@@ -125,9 +125,9 @@ impl Path {
     /// Posts `op` from a free data slot: its work request id; `None` when no slot is free or
     /// the send queue is full (wait for a completion).
     fn post_remote(&mut self, op: &mut RemoteOp<'_>) -> Result<Option<u64>> {
-        let Some(objects) = &self.objects else {
+        if self.objects.is_none() {
             return Err(self.ended());
-        };
+        }
         if op.fetch != Fetch::Nothing && self.reads == 0 {
             return Err(Error::NoReadResources);
         }
@@ -139,22 +139,21 @@ impl Path {
             Poster::Buffer(post) => return self.post_remote_buffer(op, post),
             Poster::Posted => unreachable!("a posted operation is not posted again"),
         };
-        let (mr, slot) = match objects.send_pool.pool().take() {
-            Ok(taken) => taken,
-            Err(e) => {
-                self.lose(Lost::Verbs(format!("no send slot: {e}")));
-                return Err(self.ended());
-            }
+        let Some((mr, slot)) = self.take_slot() else {
+            return Err(self.ended());
+        };
+        let Some(objects) = &self.objects else {
+            unreachable!("checked above, and only the shard's release takes them");
         };
         match post(&objects.qp, mr.mr(), slot) {
             Ok(posted) => {
                 let id = posted.wr_id();
                 self.data_room -= 1;
-                self.posted_send.push_back((posted, Wr::Remote));
+                self.posted_send.push_back((posted, Wr::Remote, mr));
                 Ok(Some(self.track(id, op.fetch)))
             }
             Err(SlotPostError { slot, error }) => {
-                objects.send_pool.pool().give(slot);
+                self.put_slot(mr, slot);
                 self.refused(error)
             }
         }
@@ -209,14 +208,14 @@ impl Path {
 
     /// A one-sided operation completed: what it brought goes to its future (if still there),
     /// its slot back to the pool.
-    pub(super) fn on_remote(&mut self, slot: Slot, wc: &WorkCompletion) {
+    pub(super) fn on_remote(&mut self, mr: super::ChunkMr, slot: Slot, wc: &WorkCompletion) {
         self.remote_in_flight = self.remote_in_flight.saturating_sub(1);
         self.settle(wc, |fetch| match fetch {
             Fetch::Nothing => Fetched::Nothing,
             Fetch::Bytes => Fetched::Bytes(Bytes::copy_from_slice(slot.as_slice())),
             Fetch::Word => Fetched::Word(atomic_result(&slot).unwrap_or_default()),
         });
-        self.give_send_slot(slot);
+        self.put_slot(mr, slot);
         self.data_room += 1;
     }
 
