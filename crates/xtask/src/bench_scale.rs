@@ -50,7 +50,8 @@ fn server_line(examples: &Path) -> String {
 }
 
 /// The client's script (VM b): per burst, a fresh `cmtime -b` in VM a, `cmtime -s -c N`, then
-/// the evchan burst; at the end the server is told to quit.
+/// the evchan burst, then 5 s for the server's report of it (its connections gone for 3 s); at
+/// the end the server is told to quit.
 fn client_script(examples: &Path, steps: &[usize]) -> String {
     let e = vm::shell_join(&[examples.display().to_string()]);
     let mut s = format!(
@@ -67,7 +68,7 @@ fn client_script(examples: &Path, steps: &[usize]) -> String {
              timeout 900 cmtime -s \"$EVCHAN_PEER\" -c {n} || fail cmtime {n}\n\
              timeout 1200 $E/tools_scale --connect \"$S\" --connections {n} --in-flight {IN_FLIGHT} \
              --rss-limit-mib {CLIENT_RSS_LIMIT_MIB} --settle-ms 3000 || fail tools_scale {n}\n\
-             sleep 2"
+             sleep 5"
         );
     }
     s.push_str("$E/tools_scale --connect \"$S\" --ask quit || fail quit\nexit $status\n");
