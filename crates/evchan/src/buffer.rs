@@ -273,7 +273,7 @@ impl SendHalf {
         buf: Buffer,
     ) -> BufferResult {
         let len = buf.len;
-        let range = crate::remote::range(to, offset, len);
+        let range = to.bytes_range(offset, len);
         let post =
             |qp: &QpHandle, mr: OwnedMr<Vec<u8>>| qp.post_write_mr(mr, len, to, offset, None);
         self.one_sided(buf, range, Fetch::Nothing, &post).await
@@ -291,7 +291,7 @@ impl SendHalf {
         buf: Buffer,
     ) -> BufferResult {
         let len = buf.len;
-        let range = crate::remote::range(from, offset, len);
+        let range = from.bytes_range(offset, len);
         let post = |qp: &QpHandle, mr: OwnedMr<Vec<u8>>| qp.post_read_mr(mr, len, from, offset);
         self.one_sided(buf, range, Fetch::Bytes, &post).await
     }

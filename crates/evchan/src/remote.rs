@@ -141,18 +141,6 @@ fn check(half: &SendHalf, len: usize, range: std::result::Result<u64, RemoteErro
     Ok(())
 }
 
-/// The peer's range of `len` bytes at `offset` in `d`, 0 bytes refused.
-pub(crate) fn range<A: Access>(
-    d: &RemoteBuf<A>,
-    offset: u64,
-    len: usize,
-) -> std::result::Result<u64, RemoteError> {
-    if len == 0 {
-        return Err(RemoteError::Empty);
-    }
-    d.range(offset, len as u64)
-}
-
 fn word(f: Fetched) -> u64 {
     match f {
         Fetched::Word(w) => w,
@@ -202,7 +190,7 @@ impl SendHalf {
         data: impl AsRef<[u8]>,
     ) -> Result<()> {
         let data = data.as_ref();
-        check(self, data.len(), range(to, offset, data.len()))?;
+        check(self, data.len(), to.bytes_range(offset, data.len()))?;
         let post = |qp: &QpHandle, mr: &Mr<'_, SlotPool>, mut slot: Slot| {
             if slot.copy_from(data).is_err() {
                 return Err(SlotPostError {
@@ -225,7 +213,7 @@ impl SendHalf {
         offset: u64,
         len: usize,
     ) -> Result<Bytes> {
-        check(self, len, range(from, offset, len))?;
+        check(self, len, from.bytes_range(offset, len))?;
         let post = |qp: &QpHandle, mr: &Mr<'_, SlotPool>, slot: Slot| {
             qp.post_read_slot(mr, slot, from, offset, len)
         };

@@ -484,7 +484,7 @@ impl QpHandle {
         len: usize,
     ) -> std::result::Result<PostedSlot, SlotPostError> {
         let rkey = from.rkey();
-        let addr = read_range(from, offset, len);
+        let addr = from.bytes_range(offset, len);
         self.remote(mr, slot, len, addr, |addr| {
             crate::ffi::verbs::RemoteOp::Read { addr, rkey }
         })
@@ -677,7 +677,7 @@ impl QpHandle {
         offset: u64,
     ) -> std::result::Result<PostedMr<B>, MrPostError<B>> {
         let rkey = from.rkey();
-        let addr = read_range(from, offset, len);
+        let addr = from.bytes_range(offset, len);
         self.post_mr(
             mr,
             len,
@@ -803,18 +803,6 @@ fn write_range<A: Access>(
         return Err(RemoteError::Empty);
     }
     to.range(offset, len as u64)
-}
-
-/// A READ's remote address: `len` (at least 1) bytes at `offset` inside `from`.
-fn read_range<A: Access>(
-    from: &RemoteBuf<A>,
-    offset: u64,
-    len: usize,
-) -> std::result::Result<u64, RemoteError> {
-    if len == 0 {
-        return Err(RemoteError::Empty);
-    }
-    from.range(offset, len as u64)
 }
 
 fn destroyed(slot: Slot) -> SlotPostError {

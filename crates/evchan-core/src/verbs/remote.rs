@@ -363,6 +363,18 @@ impl<A: Access> RemoteBuf<A> {
         Ok(self.addr + offset)
     }
 
+    /// As [`range`](Self::range), for an operation that moves `len` bytes, at least 1 (a READ,
+    /// or a WRITE without immediate data).
+    ///
+    /// # Errors
+    /// [`RemoteError::Empty`] for 0 bytes; [`RemoteError::OutOfBounds`].
+    pub fn bytes_range(&self, offset: u64, len: usize) -> std::result::Result<u64, RemoteError> {
+        if len == 0 {
+            return Err(RemoteError::Empty);
+        }
+        self.range(offset, len as u64)
+    }
+
     /// The address of the aligned 8-byte word at `offset` (the check the atomics make).
     ///
     /// # Errors
@@ -666,6 +678,9 @@ mod tests {
         assert_eq!(d.range(60, 4), Ok(0x103c));
         assert!(d.range(60, 5).is_err());
         assert!(d.range(u64::MAX, 2).is_err());
+        assert_eq!(d.bytes_range(60, 4), Ok(0x103c));
+        assert_eq!(d.bytes_range(0, 0), Err(RemoteError::Empty));
+        assert!(d.bytes_range(60, 5).is_err());
         assert_eq!(d.word(8), Ok(0x1008));
         assert!(matches!(d.word(4), Err(RemoteError::Misaligned { .. })));
         assert!(d.word(64).is_err());
