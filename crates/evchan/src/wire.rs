@@ -310,12 +310,11 @@ struct Path {
     ctrl_room: u32,
     /// Posted and not completed, in posting order (completions come in that order per queue).
     posted_send: VecDeque<(PostedSlot, Wr, ChunkMr)>,
-    /// Send slots this connection took from its shard's pool and keeps for its next posts (at
-    /// most `spare_max`): the pool's lock is not on every message's path. They go back to the
-    /// pool at the keepalive's look ([`Wire::tick`]) and at the release.
+    /// Send slots this connection took from its shard's pool and keeps for its next posts
+    /// (with those posted, never more than `send_depth + ctrl_slots`: the rooms bound what it
+    /// takes): the pool's lock is not on every message's path. They go back to the pool at
+    /// the keepalive's look ([`Wire::tick`]) and at the release.
     spare: Vec<(ChunkMr, Slot)>,
-    /// `send_depth + ctrl_slots`: what the connection may have in flight.
-    spare_max: usize,
     /// Work requests from registered buffers (messages and one-sided operations), posted and
     /// not completed, in posting order.
     posted_mr: VecDeque<remote::InFlight>,
@@ -383,7 +382,6 @@ impl Wire {
                 ctrl_room,
                 posted_send: VecDeque::new(),
                 spare: Vec::new(),
-                spare_max: (data_room + ctrl_room) as usize,
                 posted_mr: VecDeque::new(),
                 posted_recv: posted_recv.into(),
                 received: VecDeque::new(),
@@ -1344,13 +1342,12 @@ impl Path {
         }
     }
 
-    /// A send slot back: kept as a spare (up to `spare_max`), else to the shard's pool.
+    /// A send slot back, kept as a spare (dropped once the objects are gone: the release gave
+    /// the spares back already).
     fn put_slot(&mut self, mr: ChunkMr, mut slot: Slot) {
-        if self.spare.len() < self.spare_max && self.objects.is_some() {
+        if self.objects.is_some() {
             let _ = slot.set_len(0);
             self.spare.push((mr, slot));
-        } else if let Some(objects) = &self.objects {
-            objects.send_pool.pool().give(slot);
         }
     }
 
