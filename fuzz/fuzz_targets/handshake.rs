@@ -34,8 +34,10 @@ fuzz_target!(|data: &[u8]| {
         Err(_) => return,
     };
     // Then that peer's messages: each an immediate value and a length.
+    let data_slots = 1 + u32::from(input.u8() % 8);
     let mine = Handshake {
-        data_slots: 1 + u32::from(input.u8() % 8),
+        initial: 1 + u32::from(input.u8()) % data_slots,
+        data_slots,
         ctrl_slots: 3 + u16::from(input.u8() % 3),
         max_message: 64,
     };
@@ -51,7 +53,7 @@ fuzz_target!(|data: &[u8]| {
         let len = u32::from(input.u8());
         match credits.on_receive(imm, len) {
             Ok(Kind::Data) => {
-                assert!(credits.data_held() <= mine.data_slots);
+                assert!(credits.data_held() + credits.data_granted() <= mine.data_slots);
                 if input.u8() % 2 == 0 {
                     credits.consumed();
                 }
@@ -59,7 +61,10 @@ fuzz_target!(|data: &[u8]| {
             Ok(_) => {}
             Err(_) => return, // the connection is dropped
         }
-        assert!(credits.data_outstanding() <= peer.data_slots);
+        assert!(credits.data_credits() <= peer.data_slots);
+        let n = credits.receives_wanted();
+        credits.granted(n);
+        assert!(credits.data_held() + credits.data_granted() <= mine.data_slots);
         if input.u8() % 2 == 0 {
             let _ = credits.send_data();
         }

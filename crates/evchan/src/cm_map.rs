@@ -4,17 +4,19 @@
 use std::io;
 
 use evchan_core::cm::{ConnParam, RejectReason, Status};
-use evchan_core::verbs::{QpInit, Slot, SlotPool, WcStatus};
+use evchan_core::verbs::{QpInit, WcStatus};
 use evchan_core::CmEvent;
 
 use crate::config::Config;
-use crate::error::{Error, Lost, Result, Step};
+use crate::error::{Error, Lost, Step};
 use crate::proto::{self, Handshake, Peer, ProtocolError};
 
 impl Config {
-    /// The handshake this side sends: its data and control receives and their size.
+    /// The handshake this side sends: its first data receives, its most, its control
+    /// receives and their size.
     pub(crate) fn handshake(&self) -> Handshake {
         Handshake {
+            initial: self.recv_initial.min(self.recv_depth),
             data_slots: self.recv_depth,
             ctrl_slots: self.ctrl_slots,
             max_message: self.max_message,
@@ -31,15 +33,15 @@ impl Config {
             .max_sge(1)
     }
 
-    /// A connection's receive memory: `recv_depth + ctrl_slots` slots of `max_message`
-    /// bytes, all to be posted. (Its send slots come from its shard's pool,
-    /// [`crate::wire::SendPool`].)
-    pub(crate) fn recv_pool(&self) -> Result<(SlotPool, Vec<Slot>)> {
-        let ctrl = u32::from(self.ctrl_slots);
-        Ok(SlotPool::new(
-            (self.recv_depth + ctrl) as usize,
-            self.max_message as usize,
-        )?)
+    /// The receives a connection posts before it connects or accepts: the handshake's
+    /// initial data receives and the control receives.
+    pub(crate) fn first_recvs(&self) -> u32 {
+        self.handshake().initial + u32::from(self.ctrl_slots)
+    }
+
+    /// The receives kept posted toward a plain librdmacm peer (no credits of ours).
+    pub(crate) fn plain_recvs(&self) -> u32 {
+        self.recv_depth + u32::from(self.ctrl_slots)
     }
 }
 

@@ -20,6 +20,7 @@ use crate::proto::handshake::{MAX_DATA_SLOTS, MIN_CTRL_SLOTS};
 pub struct Config {
     pub(crate) max_message: u32,
     pub(crate) recv_depth: u32,
+    pub(crate) recv_initial: u32,
     pub(crate) send_depth: u32,
     pub(crate) ctrl_slots: u16,
     pub(crate) addr_timeout: Duration,
@@ -51,6 +52,7 @@ impl Config {
         Self {
             max_message: 4096,
             recv_depth: 16,
+            recv_initial: 1,
             send_depth: 16,
             ctrl_slots: 4,
             addr_timeout: Duration::from_secs(2),
@@ -81,11 +83,34 @@ impl Config {
         self.max_message
     }
 
-    /// How many data messages the peer may have in flight toward this side (receive slots,
-    /// registered once per connection; the peer's credits).
+    /// How many data messages the peer may have in flight toward this side or unread by the
+    /// application at once: the most receive slots the connection posts for data (toward an
+    /// evchan peer, its window of credits at its widest). The slots come from the pool that the
+    /// shard's connections on the device share (per `max_message`, as the send slots).
+    ///
+    /// An evchan connection starts with [`recv_initial`](Self::recv_initial) of them posted,
+    /// and widens its window (doubling it) each time the peer's data uses every credit the
+    /// peer knew of; a connection that stays quiet keeps the few it started with. Toward a
+    /// plain librdmacm peer, which has no credits of ours, all of them are posted once the
+    /// connection is established.
     #[must_use]
     pub fn recv_depth(mut self, n: u32) -> Self {
         self.recv_depth = n;
+        self
+    }
+
+    /// How many receive slots for data a connection posts before it connects: the peer's
+    /// first credits (at most [`recv_depth`](Self::recv_depth)). Default 1, so that an idle
+    /// connection holds little memory; a larger value spares a stream that starts at once the
+    /// first round trips of its window's growth.
+    ///
+    /// ```
+    /// let config = evchan::Config::new().recv_depth(64).recv_initial(16);
+    /// # drop(config);
+    /// ```
+    #[must_use]
+    pub fn recv_initial(mut self, n: u32) -> Self {
+        self.recv_initial = n;
         self
     }
 
@@ -179,11 +204,11 @@ impl Config {
     /// below one connection's [`buffer_bytes`](Self::buffer_bytes) is a
     /// [`Error::Config`](crate::Error::Config).
     ///
-    /// What it bounds is the registered memory evchan maps for the connections (their receive
-    /// slots, and the send slots each may hold at once, taken from its shard's pool while in
-    /// flight), the bulk of a connection's cost with the defaults; beyond it, a shard's pool
-    /// maps its send slots in chunks of up to 256 KiB, so the pools may hold up to about one
-    /// chunk per shard, device and message size more than their connections' share (and,
+    /// What it bounds is the registered memory evchan maps for the connections (the receive
+    /// and send slots each may hold at once, taken from its shard's pool), the bulk of a
+    /// connection's cost with the defaults; beyond it, a shard's pool maps its slots in
+    /// chunks of up to 256 KiB, so the pools may hold up to about one chunk per shard, device
+    /// and message size more than their connections' share (and,
     /// for about a second after a burst, the chunks it emptied); not the rest of the process
     /// (the QP's and CQ's queues, which the provider maps, and evchan's bookkeeping), nor the
     /// memory of received messages the application still holds.
@@ -203,11 +228,12 @@ impl Config {
         self
     }
 
-    /// The buffer memory one connection of this configuration may hold: its receive slots
-    /// (`recv_depth` + `ctrl_slots`, mapped and registered for it) and the send slots it may
-    /// have in flight at once (`send_depth` + `ctrl_slots`, from its shard's pool), each of
-    /// `max_message` bytes, each rounded up to whole pages. What
-    /// [`memory_budget`](Self::memory_budget) counts per connection.
+    /// The buffer memory one connection of this configuration may hold at most: the receive
+    /// slots it may have posted or unread at once (`recv_depth` + `ctrl_slots`) and the send
+    /// slots it may have in flight at once (`send_depth` + `ctrl_slots`), all from its
+    /// shard's pool, each of `max_message` bytes, each set rounded up to whole pages. What
+    /// [`memory_budget`](Self::memory_budget) counts per connection (an idle connection
+    /// holds far less: [`recv_initial`](Self::recv_initial) + `ctrl_slots` receive slots).
     #[must_use]
     pub fn buffer_bytes(&self) -> u64 {
         let ctrl = u32::from(self.ctrl_slots);
@@ -276,6 +302,9 @@ impl Config {
         }
         if !(1..=MAX_DATA_SLOTS).contains(&self.recv_depth) {
             return bad("recv_depth must be within 1..=8192");
+        }
+        if self.recv_initial == 0 {
+            return bad("recv_initial must be at least 1");
         }
         if !(1..=MAX_DATA_SLOTS).contains(&self.send_depth) {
             return bad("send_depth must be within 1..=8192");

@@ -17,11 +17,12 @@
 //! the first sender in line). Any number of futures may wait (senders in a FIFO line, see
 //! [`crate::wait`]); each leaves its line when it completes or is dropped ([`Waiting`]).
 //! One-sided operations ([`remote`]) take a send slot, post on the same send queue and wait
-//! for their completion in a line of their own. Send slots come from a pool the shard's
-//! connections on the device share ([`pool`]), taken at the post and kept as spares after the
-//! completion until the keepalive's next look ([`Wire::tick`]) or the release; the
-//! connection's own bounds (`send_depth` data and `ctrl_slots` control work requests in
-//! flight) are counts on its path.
+//! for their completion in a line of their own. Send and receive slots come from a pool the
+//! shard's connections on the device share ([`pool`]), taken at the post and kept as spares
+//! after the completion (or, for a received message, once the application is done with it)
+//! until the keepalive's next look ([`Wire::tick`]) or the release; the connection's own
+//! bounds (`send_depth` data and `ctrl_slots` control work requests in flight, the receives
+//! its credits ask for) are counts on its path.
 //!
 //! The shard can take the verbs objects away at any time ([`Wire::release`]: the connection
 //! closed, was lost, or its device was removed); the halves then see why the connection
@@ -52,7 +53,7 @@ use crate::wait::{Place, Role, Taken, Waiters};
 
 mod pool;
 mod remote;
-pub(crate) use pool::{trim_all as trim_send_pools, PoolUser, SendPool};
+pub(crate) use pool::{trim_all as trim_pools, PoolUser, SharedPool};
 pub(crate) use remote::{Fetch, Fetched, PostBuffer, PostRemote, Poster, RemoteOp};
 
 /// How many completions one poll of the CQ takes.
@@ -161,9 +162,9 @@ pub(crate) struct Objects {
     /// The protection domain of the QP and the regions (what [`crate::Connection::expose`]
     /// registers on).
     pub(crate) pd: OwnedPd,
-    /// The shard's send slots (of this connection's size, on its device).
-    pub(crate) send_pool: PoolUser,
-    pub(crate) recv_mr: OwnedMr<SlotPool>,
+    /// The shard's slots of this connection's size on its device, for its sends and its
+    /// receives.
+    pub(crate) pool: PoolUser,
     /// The CQ's route in its shard's hub: goes before the CQ.
     route: Route,
     pub(crate) cq: OwnedCq,
@@ -173,16 +174,14 @@ impl Objects {
     pub(crate) fn new(
         qp: QpHandle,
         pd: OwnedPd,
-        send_pool: PoolUser,
-        recv_mr: OwnedMr<SlotPool>,
+        pool: PoolUser,
         cq: OwnedCq,
         route: Route,
     ) -> Self {
         Self {
             qp,
             pd,
-            send_pool,
-            recv_mr,
+            pool,
             route,
             cq,
         }
@@ -234,7 +233,7 @@ impl Drop for Locked<'_> {
     }
 }
 
-/// A send slot's chunk: its registered region, for the post.
+/// A slot's chunk: its registered region, for the post.
 type ChunkMr = Arc<OwnedMr<SlotPool>>;
 
 /// What a posted work request was.
@@ -310,17 +309,27 @@ struct Path {
     ctrl_room: u32,
     /// Posted and not completed, in posting order (completions come in that order per queue).
     posted_send: VecDeque<(PostedSlot, Wr, ChunkMr)>,
-    /// Send slots this connection took from its shard's pool and keeps for its next posts
-    /// (with those posted, never more than `send_depth + ctrl_slots`: the rooms bound what it
-    /// takes): the pool's lock is not on every message's path. They go back to the pool at
-    /// the keepalive's look ([`Wire::tick`]) and at the release.
+    /// Slots this connection took from its shard's pool and keeps for its next posts, sends or
+    /// receives (with those posted and those unread, never more than `send_depth + recv_depth
+    /// + 2 × ctrl_slots`: the rooms and the credits bound what it takes): the pool's lock is
+    /// not on every message's path. They go back to the pool at the keepalive's look
+    /// ([`Wire::tick`]) and at the release.
     spare: Vec<(ChunkMr, Slot)>,
     /// Work requests from registered buffers (messages and one-sided operations), posted and
     /// not completed, in posting order.
     posted_mr: VecDeque<remote::InFlight>,
-    posted_recv: VecDeque<PostedSlot>,
+    /// Receives posted, in posting order, with their chunks.
+    posted_recv: VecDeque<(PostedSlot, ChunkMr)>,
     /// Data received and not yet taken by `recv`.
-    received: VecDeque<Slot>,
+    received: VecDeque<(ChunkMr, Slot)>,
+    /// Toward a plain librdmacm peer once open: the receive slots kept posted or unread
+    /// (`recv_depth + ctrl_slots`: it has no credits of ours), and how many of them are
+    /// unread (received, not yet consumed by the application). Toward an evchan peer its
+    /// credits say.
+    plain_recvs: Option<(u32, u32)>,
+    /// The shard's pool, where slots go back once the objects are gone (the slots of
+    /// messages the application still holds).
+    pool: Arc<SharedPool>,
     sends_in_flight: u32,
     /// The wr_id of our posted `FIN`, until it completes.
     fin_wr: Option<u64>,
@@ -368,12 +377,13 @@ impl Wire {
         objects: Objects,
         data_room: u32,
         ctrl_room: u32,
-        posted_recv: Vec<PostedSlot>,
+        posted_recv: Vec<(PostedSlot, ChunkMr)>,
         max_recv: u32,
         busy_poll: Option<Duration>,
         to_shard: ToShard,
     ) -> Arc<Self> {
         let wakers = Arc::clone(objects.route.waiters());
+        let pool = objects.pool.shared();
         Arc::new(Wire {
             path: Mutex::new(Path {
                 objects: Some(objects),
@@ -385,6 +395,8 @@ impl Wire {
                 posted_mr: VecDeque::new(),
                 posted_recv: posted_recv.into(),
                 received: VecDeque::new(),
+                plain_recvs: None,
+                pool,
                 sends_in_flight: 0,
                 fin_wr: None,
                 want_fin: false,
@@ -602,9 +614,9 @@ impl Wire {
     ) -> Poll<Result<Option<Bytes>>> {
         let mut path = self.lock();
         let done = loop {
-            if let Some(slot) = path.received.pop_front() {
+            if let Some((mr, slot)) = path.received.pop_front() {
                 let buf = RecvBuf {
-                    slot: Some(slot),
+                    slot: Some((mr, slot)),
                     wire: Arc::clone(self),
                 };
                 break Ok(Some(Bytes::from_owner(buf)));
@@ -642,16 +654,16 @@ impl Wire {
     pub(crate) fn recv_dropped(&self) {
         let mut path = self.lock();
         path.reader = false;
-        while let Some(slot) = path.received.pop_front() {
-            path.consumed(slot);
+        while let Some((mr, slot)) = path.received.pop_front() {
+            path.consumed(mr, slot);
         }
         path.flush_ctrl();
     }
 
     /// A received message's slot back from the application (its last `Bytes` dropped).
-    fn give_back(&self, slot: Slot) {
+    fn give_back(&self, mr: ChunkMr, slot: Slot) {
         let mut path = self.lock();
-        path.consumed(slot);
+        path.consumed(mr, slot);
         path.flush_ctrl();
     }
 
@@ -701,12 +713,17 @@ impl Wire {
     // The shard
     // -----------------------------------------------------------------------------------
 
-    /// `ESTABLISHED`: the peer's handshake decided the credits (`None`: a plain peer).
-    /// `reads`: the RDMA READs and atomics the peer takes at once (0: none).
-    pub(crate) fn open(&self, credits: Option<Credits>, reads: u8) {
+    /// `ESTABLISHED`: the peer's handshake decided the credits (`None`: a plain peer, whose
+    /// receives are then posted up to `plain_recvs`). `reads`: the RDMA READs and atomics the
+    /// peer takes at once (0: none).
+    pub(crate) fn open(&self, credits: Option<Credits>, plain_recvs: u32, reads: u8) {
         let mut path = self.lock();
+        if credits.is_none() {
+            path.plain_recvs = Some((plain_recvs, 0));
+        }
         path.credits = credits;
         path.reads = reads;
+        path.top_up();
     }
 
     /// Whether the close can go on: the `FIN` (or, toward a plain peer, every send) completed,
@@ -774,7 +791,7 @@ impl Wire {
             if let Some(objects) = &p.objects {
                 for (posted, _, _) in p.posted_send.drain(..) {
                     if let Ok(slot) = objects.qp.reclaim(posted) {
-                        objects.send_pool.pool().give(slot);
+                        objects.pool.pool().give(slot);
                     }
                 }
             }
@@ -784,6 +801,14 @@ impl Wire {
             // deregistered, then freed; a future still waiting learns that the connection
             // ended, without its buffer).
             path.posted_mr.clear();
+            let p = &mut *path;
+            if let Some(objects) = &p.objects {
+                for (posted, _) in p.posted_recv.drain(..) {
+                    if let Ok(slot) = objects.qp.reclaim(posted) {
+                        objects.pool.pool().give(slot);
+                    }
+                }
+            }
             path.posted_recv.clear();
             path.remote_in_flight = 0;
             if let Some((device, qp_num)) = path.qp_key.take() {
@@ -1125,34 +1150,64 @@ impl Path {
         }
     }
 
-    /// Posts a receive again; `false` (and the connection lost) when that failed, or when the
-    /// objects are gone.
-    fn repost(&mut self, slot: Slot) -> bool {
+    /// Posts a receive; `false` (the slot kept as a spare) when the connection has stopped,
+    /// or the post failed (the connection is then lost).
+    fn post_recv(&mut self, mr: ChunkMr, slot: Slot) -> bool {
         let Some(objects) = &self.objects else {
+            self.put_slot(mr, slot);
             return false;
         };
         if self.stop.is_some() {
+            self.put_slot(mr, slot);
             return false;
         }
-        match objects.qp.post_recv_slot(objects.recv_mr.mr(), slot) {
+        match objects.qp.post_recv_slot(mr.mr(), slot) {
             Ok(p) => {
-                self.posted_recv.push_back(p);
+                self.posted_recv.push_back((p, mr));
                 true
             }
             Err(e) => {
+                self.put_slot(mr, e.slot);
                 self.lose(post_failed(&e.error));
                 false
             }
         }
     }
 
-    /// A data message's slot is free again: posted again, and its credit returned.
-    fn consumed(&mut self, slot: Slot) {
-        if self.repost(slot) {
+    /// Posts the receives the credits ask for (toward a plain peer: up to its count), each
+    /// granted once posted.
+    fn top_up(&mut self) {
+        let wanted = match (&self.credits, self.plain_recvs) {
+            (Some(credits), _) => credits.receives_wanted(),
+            (None, Some((n, unread))) => {
+                let posted = u32::try_from(self.posted_recv.len()).unwrap_or(u32::MAX);
+                n.saturating_sub(posted.saturating_add(unread))
+            }
+            (None, None) => 0,
+        };
+        for _ in 0..wanted {
+            let Some((mr, slot)) = self.take_slot() else {
+                return;
+            };
+            if !self.post_recv(mr, slot) {
+                return;
+            }
             if let Some(credits) = self.credits.as_mut() {
-                credits.consumed();
+                credits.granted(1);
             }
         }
+    }
+
+    /// A data message's slot is free again: kept as a spare, and the receives topped up.
+    fn consumed(&mut self, mr: ChunkMr, slot: Slot) {
+        if let Some(credits) = self.credits.as_mut() {
+            credits.consumed();
+        }
+        if let Some((_, unread)) = self.plain_recvs.as_mut() {
+            *unread = unread.saturating_sub(1);
+        }
+        self.put_slot(mr, slot);
+        self.top_up();
     }
 
     /// Polls the CQ until it is empty (at most a few batches), then handles what came; how
@@ -1256,30 +1311,36 @@ impl Path {
     }
 
     /// The posted work request `wc` completes, out of its queue: the queue's first (anywhere
-    /// in it all the same, should a completion ever come out of order).
-    /// (A send's comes with its slot's chunk.)
-    fn take_posted(&mut self, wc: &WorkCompletion) -> Option<(PostedSlot, Wr, Option<ChunkMr>)> {
+    /// in it all the same, should a completion ever come out of order), with its slot's chunk.
+    fn take_posted(&mut self, wc: &WorkCompletion) -> Option<(PostedSlot, Wr, ChunkMr)> {
         let wr_id = wc.wr_id();
-        let send = |(p, wr, mr)| (p, wr, Some(mr));
         if self
             .posted_send
             .front()
             .is_some_and(|(p, _, _)| p.wr_id() == wr_id)
         {
-            return self.posted_send.pop_front().map(send);
+            return self.posted_send.pop_front();
         }
-        if self.posted_recv.front().is_some_and(|p| p.wr_id() == wr_id) {
-            return self.posted_recv.pop_front().map(|p| (p, Wr::Recv, None));
+        let recv = |(p, mr)| (p, Wr::Recv, mr);
+        if self
+            .posted_recv
+            .front()
+            .is_some_and(|(p, _)| p.wr_id() == wr_id)
+        {
+            return self.posted_recv.pop_front().map(recv);
         }
         if let Some(i) = self
             .posted_send
             .iter()
             .position(|(p, _, _)| p.wr_id() == wr_id)
         {
-            return self.posted_send.remove(i).map(send);
+            return self.posted_send.remove(i);
         }
-        let i = self.posted_recv.iter().position(|p| p.wr_id() == wr_id)?;
-        self.posted_recv.remove(i).map(|p| (p, Wr::Recv, None))
+        let i = self
+            .posted_recv
+            .iter()
+            .position(|(p, _)| p.wr_id() == wr_id)?;
+        self.posted_recv.remove(i).map(recv)
     }
 
     fn on_wc(&mut self, wc: &WorkCompletion) {
@@ -1304,59 +1365,59 @@ impl Path {
             self.remote_news = true;
         }
         match kind {
-            Wr::Recv if ok => self.on_recv(slot, wc),
-            Wr::Recv => {}
+            Wr::Recv if ok => self.on_recv(mr, slot, wc),
+            Wr::Recv => self.put_slot(mr, slot),
             Wr::Data => {
                 self.sends_in_flight = self.sends_in_flight.saturating_sub(1);
-                self.put_slot(mr.expect("a send's"), slot);
+                self.put_slot(mr, slot);
                 self.data_room += 1;
                 if !ok {
                     self.undelivered = true;
                 }
             }
-            Wr::Remote => self.on_remote(mr.expect("a send's"), slot, wc),
+            Wr::Remote => self.on_remote(mr, slot, wc),
             Wr::Ctrl => {
                 if self.fin_wr == Some(wc.wr_id()) {
                     self.fin_wr = None;
                 }
-                self.put_slot(mr.expect("a send's"), slot);
+                self.put_slot(mr, slot);
                 self.ctrl_room += 1;
             }
         }
         self.on_status(kind == Wr::Recv, wc);
     }
 
-    /// A send slot for a post: a spare one, else one from the shard's pool; `None` (and the
-    /// connection lost) when the pool could not make one, or without objects.
+    /// A slot for a post (a send or a receive): a spare one, else one from the shard's pool;
+    /// `None` (and the connection lost) when the pool could not make one, or without objects.
     fn take_slot(&mut self) -> Option<(ChunkMr, Slot)> {
         if let Some(spare) = self.spare.pop() {
             return Some(spare);
         }
-        let taken = self.objects.as_ref()?.send_pool.pool().take();
+        let taken = self.objects.as_ref()?.pool.pool().take();
         match taken {
             Ok(t) => Some(t),
             Err(e) => {
-                self.lose(Lost::Verbs(format!("no send slot: {e}")));
+                self.lose(Lost::Verbs(format!("no slot: {e}")));
                 None
             }
         }
     }
 
-    /// A send slot back, kept as a spare (dropped once the objects are gone: the release gave
-    /// the spares back already).
+    /// A slot back, kept as a spare (given back to the pool once the objects are gone: the
+    /// release gave the spares back already).
     fn put_slot(&mut self, mr: ChunkMr, mut slot: Slot) {
         if self.objects.is_some() {
             let _ = slot.set_len(0);
             self.spare.push((mr, slot));
+        } else {
+            self.pool.give(slot);
         }
     }
 
-    /// The spare send slots back to the shard's pool.
+    /// The spare slots back to the shard's pool.
     fn return_spare(&mut self) {
-        if let Some(objects) = &self.objects {
-            for (_, slot) in self.spare.drain(..) {
-                objects.send_pool.pool().give(slot);
-            }
+        for (_, slot) in self.spare.drain(..) {
+            self.pool.give(slot);
         }
     }
 
@@ -1372,7 +1433,7 @@ impl Path {
         }
     }
 
-    fn on_recv(&mut self, slot: Slot, wc: &WorkCompletion) {
+    fn on_recv(&mut self, mr: ChunkMr, slot: Slot, wc: &WorkCompletion) {
         let kind = match self.credits.as_mut() {
             None => Ok(Kind::Data),
             Some(credits) => credits.on_receive(wc.imm_data(), wc.byte_len()),
@@ -1380,14 +1441,25 @@ impl Path {
         match kind {
             Err(e) => {
                 tracing::debug!(conn = ?self.to_shard.conn, "protocol violation: {e}");
+                self.put_slot(mr, slot);
                 self.lose(Lost::Protocol(e));
             }
-            Ok(Kind::Data) if self.reader => self.received.push_back(slot),
-            // Nobody reads: dropped and credited at once.
-            Ok(Kind::Data) => self.consumed(slot),
+            Ok(Kind::Data) => {
+                if let Some((_, unread)) = self.plain_recvs.as_mut() {
+                    *unread += 1;
+                }
+                if self.reader {
+                    self.received.push_back((mr, slot));
+                    // Credits go out ahead of consumption, within the window.
+                    self.top_up();
+                } else {
+                    // Nobody reads: dropped at once.
+                    self.consumed(mr, slot);
+                }
+            }
             // Credit updates and FIN: their receive goes back at once.
             Ok(_) => {
-                self.repost(slot);
+                self.post_recv(mr, slot);
             }
         }
     }
@@ -1415,20 +1487,31 @@ fn current_runtime() -> Result<tokio::runtime::Id> {
 /// A received message's slot as the owner of its `Bytes`: dropping the last clone posts the
 /// slot again and returns its credit, from the dropping thread.
 struct RecvBuf {
-    slot: Option<Slot>,
+    slot: Option<(ChunkMr, Slot)>,
     wire: Arc<Wire>,
 }
 
 impl AsRef<[u8]> for RecvBuf {
     fn as_ref(&self) -> &[u8] {
-        self.slot.as_ref().map_or(&[], Slot::as_slice)
+        self.slot.as_ref().map_or(&[], |(_, s)| s.as_slice())
     }
 }
 
 impl Drop for RecvBuf {
     fn drop(&mut self) {
-        if let Some(slot) = self.slot.take() {
-            self.wire.give_back(slot);
+        if let Some((mr, slot)) = self.slot.take() {
+            self.wire.give_back(mr, slot);
         }
+    }
+}
+
+impl Drop for Path {
+    /// The slots of messages nobody took, and the spares, back to the shard's pool (so that
+    /// their chunk can go).
+    fn drop(&mut self) {
+        for (_, slot) in self.received.drain(..) {
+            self.pool.give(slot);
+        }
+        self.return_spare();
     }
 }

@@ -60,7 +60,8 @@ fn server_config() -> Config {
         .send_depth(4)
 }
 
-/// The immediate data of evchan's credit protocol: kind, cumulative data and control returns.
+/// The immediate data of evchan's credit protocol: kind, cumulative data grants and control
+/// returns.
 fn imm(kind: u32, data_cum: u32, ctrl_cum: u32) -> u32 {
     (kind << 30) | ((data_cum & 0x7fff) << 15) | (ctrl_cum & 0x7fff)
 }
@@ -71,6 +72,7 @@ const FIN: u32 = 2;
 /// A valid handshake of the hostile peer, with `user` after it.
 fn raw_handshake(user: &[u8]) -> Vec<u8> {
     Handshake {
+        initial: 8,
         data_slots: 8,
         ctrl_slots: 4,
         max_message: RAW_MAX as u32,

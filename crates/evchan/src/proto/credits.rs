@@ -1,33 +1,39 @@
 //! Credit-based flow control, sans-IO: no descriptors, no clock, only counts in and
-//! immediate data out. The tokio driver feeds it what the completion queue says and posts
-//! what it decides.
+//! immediate data out. The tokio driver feeds it what the completion queue says, posts the
+//! receives it asks for, and posts what it decides.
 //!
-//! Each side posts `data_slots + ctrl_slots` receives (see [`Handshake`]). Every message is a
-//! SEND with immediate data, and consumes one receive at the peer:
+//! Every message is a SEND with immediate data, and consumes one receive at the peer:
 //!
 //! ```text
 //!  31 30 | 29 ........ 15 | 14 ........ 0
-//!  kind  |  data returns  | ctrl returns      (both cumulative, modulo 2^15)
+//!  kind  |   data grants  | ctrl returns      (both cumulative, modulo 2^15)
 //! ```
 //!
 //! - `kind` 0 is a data message, 1 a credit update, 2 the close message (`FIN`); 3 is invalid.
-//! - A data message needs a **data credit**: at most `data_slots` of the peer's data messages
-//!   are unreturned. The receiver returns one when the application has consumed the message
-//!   (the last clone of its `Bytes` dropped) and the receive is posted again — credits follow
-//!   consumption, not arrival.
+//! - A data message needs a **data credit**. The receiver grants them: `initial` at the
+//!   handshake (see [`Handshake`]), then one per receive it posts for data, each posted
+//!   *before* it is granted. Grants travel as a cumulative count; a sender whose credits would
+//!   exceed the peer's `data_slots` (the most it ever has out) is told off
+//!   ([`ProtocolError::OverReturn`]).
+//! - The receiver keeps the credits it has out (granted, not yet arrived) at its **window**:
+//!   `initial` at first, doubled (up to `data_slots`) each time a data message arrives that
+//!   leaves the peer with no credit it knows of. It grants ahead of consumption, but never so
+//!   that credits out plus data messages the application holds exceed `data_slots`: a slow
+//!   reader still stops its sender. So an idle connection holds `initial` data receives, and a
+//!   busy one up to `data_slots`.
 //! - Credit updates and `FIN` draw on a separate budget of `ctrl_slots`: the receiver posts a
 //!   control message's receive again as soon as it has read it, so data can never starve them.
 //!   The last control credit is kept for a pure confirmation (returning the peer's control
 //!   credits), which is what keeps two sides that both ran out of control credits live.
-//! - Returns travel as cumulative counts in every message's immediate data (piggybacked on data
-//!   when there is some). A credit update goes on its own when half the data slots are
-//!   returned, or when the peer has no data credit left and at least one is returned, or when
-//!   two or more control credits are to be confirmed.
+//! - Grants and returns travel in every message's immediate data (piggybacked on data when
+//!   there is some). A credit update goes on its own when half the window (at least 2) is
+//!   granted and not yet told, or when the peer has no data credit it knows of and at least
+//!   one is granted, or when two or more control credits are to be confirmed.
 //!
 //! The safety property, checked by the property tests: the messages in flight toward a side
-//! plus the data messages it holds never exceed the receives it posted — no receiver-not-ready,
-//! however slow the reader. Liveness: when both applications consume what they get, everything
-//! sent is delivered and nothing waits forever.
+//! never exceed the receives it has posted — no receiver-not-ready, however slow the reader.
+//! Liveness: when both applications consume what they get, everything sent is delivered and
+//! nothing waits forever.
 
 use super::handshake::Handshake;
 
@@ -108,18 +114,22 @@ pub enum ProtocolError {
 pub struct Credits {
     mine: Handshake,
     peer: Handshake,
-    /// Our data messages the peer has not returned yet.
-    data_out: u32,
+    /// Data credits the peer granted that we have not used.
+    credits: u32,
     /// Our control messages the peer has not confirmed yet.
     ctrl_out: u32,
     /// The peer's last cumulative counts.
     peer_data_cum: u32,
     peer_ctrl_cum: u32,
+    /// Data credits we granted that have not arrived as messages (held by the peer, in
+    /// flight, or not yet told): each has its receive posted.
+    granted: u32,
+    /// What `granted` is kept at (see the module's docs).
+    window: u32,
     /// Data messages received and not yet consumed.
     data_held: u32,
-    /// Cumulative: data messages received; data and control receives posted again.
-    data_received: u32,
-    data_returned: u32,
+    /// Cumulative: data credits granted beyond the handshake's; control receives posted again.
+    grants: u32,
     ctrl_returned: u32,
     /// The cumulative counts last sent to the peer.
     data_advertised: u32,
@@ -133,20 +143,21 @@ fn delta(new: u32, old: u32) -> u32 {
 }
 
 impl Credits {
-    /// The state right after the handshake: `mine` is what this side posted, `peer` what the
-    /// peer did.
+    /// The state right after the handshake: `mine` is what this side offered (its `initial`
+    /// data receives and its control receives posted), `peer` what the peer did.
     #[must_use]
     pub fn new(mine: Handshake, peer: Handshake) -> Self {
         Self {
             mine,
             peer,
-            data_out: 0,
+            credits: peer.initial,
             ctrl_out: 0,
             peer_data_cum: 0,
             peer_ctrl_cum: 0,
+            granted: mine.initial,
+            window: mine.initial,
             data_held: 0,
-            data_received: 0,
-            data_returned: 0,
+            grants: 0,
             ctrl_returned: 0,
             data_advertised: 0,
             ctrl_advertised: 0,
@@ -164,20 +175,20 @@ impl Credits {
     /// Data credits left (the peer's data receives we may still fill).
     #[must_use]
     pub fn data_credits(&self) -> u32 {
-        self.peer.data_slots - self.data_out
+        self.credits
     }
 
     /// Whether a data message may be sent now.
     #[must_use]
     pub fn can_send_data(&self) -> bool {
-        !self.fin_sent && self.data_out < self.peer.data_slots
+        !self.fin_sent && self.credits > 0
     }
 
     fn imm(&mut self, kind: Kind) -> u32 {
-        self.data_advertised = self.data_returned;
+        self.data_advertised = self.grants;
         self.ctrl_advertised = self.ctrl_returned;
         (kind.code() << (2 * CUM_BITS))
-            | ((self.data_returned & CUM_MASK) << CUM_BITS)
+            | ((self.grants & CUM_MASK) << CUM_BITS)
             | (self.ctrl_returned & CUM_MASK)
     }
 
@@ -187,31 +198,52 @@ impl Credits {
         if !self.can_send_data() {
             return None;
         }
-        self.data_out += 1;
+        self.credits -= 1;
         Some(self.imm(Kind::Data))
     }
 
+    /// Grants not yet told to the peer.
     fn pending_data(&self) -> u32 {
-        delta(self.data_returned, self.data_advertised)
+        delta(self.grants, self.data_advertised)
     }
 
     fn pending_ctrl(&self) -> u32 {
         delta(self.ctrl_returned, self.ctrl_advertised)
     }
 
-    /// Whether the peer, once everything in flight has arrived, has no data credit left.
+    /// Whether the peer, once everything in flight has arrived, has no data credit it knows
+    /// of.
     fn peer_blocked(&self) -> bool {
-        delta(self.data_received, self.data_advertised) >= self.mine.data_slots
+        self.granted <= self.pending_data()
+    }
+
+    /// How many receives for data the caller should post now (then call
+    /// [`granted`](Self::granted) with how many it did): what brings the credits out up to
+    /// the window, while credits out and data held stay within `data_slots`. None after the
+    /// peer's `FIN`.
+    #[must_use]
+    pub fn receives_wanted(&self) -> u32 {
+        if self.fin_received {
+            return 0;
+        }
+        let room = self.mine.data_slots.saturating_sub(self.data_held);
+        self.window.min(room).saturating_sub(self.granted)
+    }
+
+    /// `n` more receives for data are posted: as many credits granted (told to the peer with
+    /// the next message).
+    pub fn granted(&mut self, n: u32) {
+        self.granted += n;
+        self.grants = self.grants.wrapping_add(n) & CUM_MASK;
     }
 
     /// A credit update that should go now, as its immediate data (the caller posts it);
     /// `None` when none is due or the control budget is spent.
     pub fn credit_update(&mut self) -> Option<u32> {
         let data = self.pending_data();
-        let returns_data =
-            data >= (self.mine.data_slots / 2).max(1) || (data >= 1 && self.peer_blocked());
+        let grants_data = data >= (self.window / 2).max(2) || (data >= 1 && self.peer_blocked());
         let confirms = self.pending_ctrl() >= 2;
-        let allowed = (returns_data && self.ctrl_spare())
+        let allowed = (grants_data && self.ctrl_spare())
             || (confirms && self.ctrl_out < u32::from(self.peer.ctrl_slots));
         allowed.then(|| self.send_ctrl(Kind::Credit))
     }
@@ -258,9 +290,10 @@ impl Credits {
     }
 
     /// A message arrived with immediate data `imm` and `len` bytes. For [`Kind::Data`] the
-    /// caller hands it to the application and calls [`consumed`](Self::consumed) once its
-    /// receive is posted again; control messages count as posted again at once (the caller
-    /// must repost their receives before it sends anything).
+    /// caller hands it to the application and calls [`consumed`](Self::consumed) once it is
+    /// done with it; control messages count as posted again at once (the caller must repost
+    /// their receives before it sends anything). Then the caller posts the
+    /// [`receives_wanted`](Self::receives_wanted).
     ///
     /// # Errors
     /// [`ProtocolError`] when the peer broke the protocol; the state is then unspecified and
@@ -275,11 +308,12 @@ impl Credits {
         };
         let data_cum = (imm >> CUM_BITS) & CUM_MASK;
         let ctrl_cum = imm & CUM_MASK;
-        let returned = delta(data_cum, self.peer_data_cum);
-        if returned > self.data_out {
+        let granted = delta(data_cum, self.peer_data_cum);
+        let room = self.peer.data_slots - self.credits;
+        if granted > room {
             return Err(ProtocolError::OverReturn {
-                returned,
-                outstanding: self.data_out,
+                returned: granted,
+                outstanding: room,
             });
         }
         let confirmed = delta(ctrl_cum, self.peer_ctrl_cum);
@@ -300,14 +334,18 @@ impl Credits {
                         max: self.mine.max_message,
                     });
                 }
-                if self.data_held >= self.mine.data_slots {
+                if self.granted == 0 {
                     return Err(ProtocolError::NoCredit {
                         held: self.data_held,
                         slots: self.mine.data_slots,
                     });
                 }
+                self.granted -= 1;
                 self.data_held += 1;
-                self.data_received = self.data_received.wrapping_add(1) & CUM_MASK;
+                if self.peer_blocked() {
+                    // The peer used every credit it knew of: a wider window.
+                    self.window = (self.window * 2).min(self.mine.data_slots);
+                }
             }
             Kind::Credit | Kind::Fin => {
                 // A credit update after the FIN (the peer still reads) leaves it received.
@@ -315,18 +353,17 @@ impl Credits {
                 self.ctrl_returned = self.ctrl_returned.wrapping_add(1) & CUM_MASK;
             }
         }
-        self.data_out -= returned;
+        self.credits += granted;
         self.ctrl_out -= confirmed;
         self.peer_data_cum = data_cum;
         self.peer_ctrl_cum = ctrl_cum;
         Ok(kind)
     }
 
-    /// The application consumed one data message and its receive is posted again.
+    /// The application is done with one data message (its receive buffer is free).
     pub fn consumed(&mut self) {
         debug_assert!(self.data_held > 0, "consumed more than received");
         self.data_held = self.data_held.saturating_sub(1);
-        self.data_returned = self.data_returned.wrapping_add(1) & CUM_MASK;
     }
 
     /// Data messages held by the application.
@@ -335,10 +372,11 @@ impl Credits {
         self.data_held
     }
 
-    /// Data messages of ours not returned yet (sent and not consumed by the peer).
+    /// Data credits granted to the peer that have not arrived as messages: the receives for
+    /// data this side must keep posted.
     #[must_use]
-    pub fn data_outstanding(&self) -> u32 {
-        self.data_out
+    pub fn data_granted(&self) -> u32 {
+        self.granted
     }
 }
 
@@ -348,8 +386,10 @@ mod tests {
     use proptest::prelude::*;
     use std::collections::VecDeque;
 
+    /// A handshake granting one data credit at first (the window grows from there).
     fn hs(data: u32, ctrl: u16) -> Handshake {
         Handshake {
+            initial: 1,
             data_slots: data,
             ctrl_slots: ctrl,
             max_message: 64,
@@ -374,6 +414,7 @@ mod tests {
     struct Pair {
         sides: [Side; 2],
         wires: [Wire; 2], // wires[i]: messages toward side i
+        /// Receives side i has posted now.
         posted: [u32; 2],
     }
 
@@ -392,19 +433,37 @@ mod tests {
                 sides: [side(a, b, sends[0]), side(b, a, sends[1])],
                 wires: [VecDeque::new(), VecDeque::new()],
                 posted: [
-                    a.data_slots + u32::from(a.ctrl_slots),
-                    b.data_slots + u32::from(b.ctrl_slots),
+                    a.initial + u32::from(a.ctrl_slots),
+                    b.initial + u32::from(b.ctrl_slots),
                 ],
             }
         }
 
-        /// The safety property: in flight toward `i` plus held by `i` never exceeds what `i`
-        /// posted.
+        /// The safety property: in flight toward `i` never exceeds what `i` has posted; and
+        /// what it holds and granted stays within its `data_slots`.
         fn check(&self) {
             for i in 0..2 {
-                let occupied = self.wires[i].len() as u32 + self.sides[i].held.len() as u32;
-                assert!(occupied <= self.posted[i], "receiver not ready at side {i}");
+                let s = &self.sides[i];
+                assert!(
+                    self.wires[i].len() as u32 <= self.posted[i],
+                    "receiver not ready at side {i}"
+                );
+                assert!(
+                    s.credits.data_granted() + s.credits.data_held() <= s.credits.mine.data_slots
+                );
+                assert_eq!(
+                    self.posted[i],
+                    s.credits.data_granted() + u32::from(s.credits.mine.ctrl_slots),
+                    "side {i} posts exactly its grants and control receives"
+                );
             }
+        }
+
+        /// Side `i` posts the receives its credits ask for.
+        fn post(&mut self, i: usize) {
+            let n = self.sides[i].credits.receives_wanted();
+            self.posted[i] += n;
+            self.sides[i].credits.granted(n);
         }
 
         /// Side `i` sends what it may: data, then credit updates, then FIN.
@@ -446,12 +505,18 @@ mod tests {
             let Some((imm, seq)) = self.wires[i].pop_front() else {
                 return false;
             };
+            assert!(self.posted[i] > 0, "receiver not ready at side {i}");
+            self.posted[i] -= 1;
             let s = &mut self.sides[i];
             match s.credits.on_receive(Some(imm), 1).expect("protocol error") {
                 Kind::Data => s.held.push_back(seq.expect("data carries a payload")),
-                Kind::Credit => {}
-                Kind::Fin => s.fin_seen = true,
+                Kind::Credit => self.posted[i] += 1,
+                Kind::Fin => {
+                    s.fin_seen = true;
+                    self.posted[i] += 1;
+                }
             }
+            self.post(i);
             self.check();
             true
         }
@@ -464,6 +529,8 @@ mod tests {
             };
             s.delivered.push(seq);
             s.credits.consumed();
+            self.post(i);
+            self.check();
             true
         }
     }
@@ -521,10 +588,14 @@ mod tests {
         #[test]
         fn safe_and_live(
             a_data in 1u32..8, a_ctrl in 3u16..6, b_data in 1u32..8, b_ctrl in 3u16..6,
+            initial in (0u32..8, 0u32..8),
             sends in (0u32..200, 0u32..200),
             steps in proptest::collection::vec(step(), 0..600),
         ) {
-            let mut p = Pair::new(hs(a_data, a_ctrl), hs(b_data, b_ctrl), [sends.0, sends.1]);
+            // Any initial grant within the data slots.
+            let a = Handshake { initial: 1 + initial.0 % a_data, ..hs(a_data, a_ctrl) };
+            let b = Handshake { initial: 1 + initial.1 % b_data, ..hs(b_data, b_ctrl) };
+            let mut p = Pair::new(a, b, [sends.0, sends.1]);
             for s in steps {
                 match s {
                     Step::Pump(i) => p.pump(i),
@@ -619,6 +690,40 @@ mod tests {
             None,
             "the last credit is the confirmation reserve"
         );
+    }
+
+    /// An idle connection keeps its initial grant; a stream widens the window up to
+    /// `data_slots`, whatever the initial grant.
+    #[test]
+    fn window_grows_from_the_initial_grant() {
+        let mine = Handshake {
+            initial: 2,
+            ..hs(16, 4)
+        };
+        let mut p = Pair::new(mine, hs(16, 4), [0, 0]);
+        p.check();
+        assert_eq!(
+            p.posted[0],
+            2 + 4,
+            "idle: the initial grant and the control receives"
+        );
+        assert_eq!(p.sides[0].credits.receives_wanted(), 0);
+        // Side 1 streams to side 0, whose application keeps up.
+        p.sides[1].to_send = 200;
+        let mut widest = 0;
+        for _ in 0..10_000 {
+            p.pump(1);
+            while p.deliver(0) {}
+            while p.consume(0) {}
+            p.pump(0);
+            while p.deliver(1) {}
+            widest = widest.max(p.sides[0].credits.data_granted());
+            if p.sides[1].to_send == 0 {
+                break;
+            }
+        }
+        assert_eq!(widest, 16, "the window grew to data_slots");
+        finish(&mut p);
     }
 
     #[test]

@@ -205,7 +205,7 @@ pub(crate) const WATCH_INTERVAL: Duration = Duration::from_millis(50);
 ///
 /// Each turn also reads the devices' async events and routes the QP events to their
 /// connections ([`qp_events`](super::qp_events)), and looks at the send pools' idle chunks
-/// ([`crate::wire::trim_send_pools`]).
+/// ([`crate::wire::trim_pools`]).
 pub(super) fn watch<T>(
     shards: &[std::thread::ScopedJoinHandle<'_, T>],
     opened: &[String],
@@ -222,7 +222,7 @@ pub(super) fn watch<T>(
         if let Some(t) = &mut trimmer {
             t.tick();
         }
-        crate::wire::trim_send_pools();
+        crate::wire::trim_pools();
         if removal.is_retired() {
             continue;
         }

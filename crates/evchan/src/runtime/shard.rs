@@ -118,7 +118,7 @@ struct Shard<'s> {
     hubs: Vec<Option<Arc<crate::hub::Hub>>>,
     /// By device (index in `env.names`) and slot size, the send slots this shard's
     /// connections share, made with the first.
-    pools: std::collections::HashMap<(usize, usize), Arc<crate::wire::SendPool>>,
+    pools: std::collections::HashMap<(usize, usize), Arc<crate::wire::SharedPool>>,
 }
 
 impl Drop for Shard<'_> {

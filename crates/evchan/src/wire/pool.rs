@@ -1,8 +1,10 @@
-//! Send slots shared by a shard's connections on one device (by slot size): a connection
-//! takes a slot when it posts a message, a control message or a one-sided operation, keeps it
-//! as a spare after the completion, and gives its spares back at its keepalive's next look or
-//! its release, so an idle connection holds no send memory. (Its bound, `Config::send_depth` data and `ctrl_slots` control work requests in
-//! flight, is a count on its path.)
+//! Slots shared by a shard's connections on one device (by slot size): a connection takes a
+//! slot when it posts a message, a control message, a one-sided operation or a receive, keeps
+//! it as a spare after the completion (a received message's once the application is done with
+//! it), and gives its spares back at its keepalive's next look or its release, so an idle
+//! connection holds no send memory and only the receives its credits need. (Its bounds,
+//! `Config::send_depth` data and `ctrl_slots` control work requests in flight, and the
+//! receives its credits ask for, are counts on its path.)
 //!
 //! The slots come in chunks, each a mapping registered once on the device's PD (made outside
 //! the pool's lock). A new chunk is made when every slot is taken. A chunk whose slots have
@@ -34,12 +36,12 @@ fn chunk_slots(size: usize) -> usize {
 const IDLE_TICKS: u32 = 20;
 
 /// Every pool of the process, for [`trim_all`].
-static POOLS: Mutex<Vec<std::sync::Weak<SendPool>>> = Mutex::new(Vec::new());
+static POOLS: Mutex<Vec<std::sync::Weak<SharedPool>>> = Mutex::new(Vec::new());
 
 /// One look at every pool of the process: unmaps the chunks idle for [`IDLE_TICKS`] looks
 /// (module docs). Called by each runtime's thread at every look at its devices.
 pub(crate) fn trim_all() {
-    let pools: Vec<Arc<SendPool>> = {
+    let pools: Vec<Arc<SharedPool>> = {
         let mut all = POOLS.lock().unwrap_or_else(PoisonError::into_inner);
         all.retain(|w| w.strong_count() > 0);
         all.iter().filter_map(std::sync::Weak::upgrade).collect()
@@ -66,16 +68,16 @@ struct Chunks {
     users: usize,
 }
 
-/// A shard's send slots of one size on one device (module docs).
-pub(crate) struct SendPool {
+/// A shard's slots of one size on one device (module docs).
+pub(crate) struct SharedPool {
     pd: OwnedPd,
     size: usize,
     inner: Mutex<Chunks>,
 }
 
-impl std::fmt::Debug for SendPool {
+impl std::fmt::Debug for SharedPool {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SendPool")
+        f.debug_struct("SharedPool")
             .field("size", &self.size)
             .finish_non_exhaustive()
     }
@@ -86,7 +88,7 @@ fn base_of(slot: &Slot, size: usize) -> usize {
     (slot.as_slice().as_ptr() as usize).wrapping_sub(slot.index() * size)
 }
 
-impl SendPool {
+impl SharedPool {
     pub(crate) fn new(pd: OwnedPd, size: usize) -> Arc<Self> {
         let pool = Arc::new(Self {
             pd,
@@ -189,14 +191,20 @@ impl SendPool {
     }
 }
 
-/// A connection's use of a [`SendPool`]: the last one's drop lets every chunk with all its
+/// A connection's use of a [`SharedPool`]: the last one's drop lets every chunk with all its
 /// slots back go.
 #[derive(Debug)]
-pub(crate) struct PoolUser(Arc<SendPool>);
+pub(crate) struct PoolUser(Arc<SharedPool>);
 
 impl PoolUser {
-    pub(crate) fn pool(&self) -> &SendPool {
+    pub(crate) fn pool(&self) -> &SharedPool {
         &self.0
+    }
+
+    /// The pool itself, for the slots that outlive the connection's use of it (messages the
+    /// application still holds).
+    pub(crate) fn shared(&self) -> Arc<SharedPool> {
+        Arc::clone(&self.0)
     }
 }
 

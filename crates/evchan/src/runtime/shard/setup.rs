@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use crate::hub::Hub;
 use evchan_core::cm::state::Requested;
 use evchan_core::cm::EventKind;
-use evchan_core::verbs::{OwnedCompChannel, OwnedCq, OwnedMr, OwnedPd, QpHandle, QpInit};
+use evchan_core::verbs::{OwnedCompChannel, OwnedCq, OwnedPd, QpHandle, QpInit};
 
 use evchan_core::{CmEvent, CmId};
 
@@ -159,7 +159,7 @@ impl<'s> Shard<'s> {
             _ => None,
         };
         // Our side asks for `read_depth` (`cm_map::conn_param`).
-        wire.open(credits, c.reads.min(c.read_depth));
+        wire.open(credits, c.config.plain_recvs(), c.reads.min(c.read_depth));
         c.phase = Phase::Open;
         c.deadline = None;
         c.half_open = None;
@@ -234,22 +234,27 @@ impl<'s> Shard<'s> {
         let config = &c.config;
         let (cq, route) = hub.cq(config.cq_cost())?;
         let qp = target.create_qp(pd, &cq, &config.qp_init())?;
-        let (recv_pool, recv_slots) = config.recv_pool()?;
-        let recv_mr = OwnedMr::new(pd, recv_pool)?;
         let size = config.max_message as usize;
-        let send_pool = self
+        let pool = self
             .pools
             .entry((dev, size))
-            .or_insert_with(|| crate::wire::SendPool::new(pd.clone(), size))
+            .or_insert_with(|| crate::wire::SharedPool::new(pd.clone(), size))
             .user();
-        let mut posted = Vec::with_capacity(recv_slots.len());
-        for slot in recv_slots {
-            posted.push(
-                qp.post_recv_slot(recv_mr.mr(), slot)
-                    .map_err(|e| Error::Verbs(e.error))?,
-            );
+        let first = config.first_recvs() as usize;
+        let mut posted = Vec::with_capacity(first);
+        for _ in 0..first {
+            let (mr, slot) = pool.pool().take()?;
+            match qp.post_recv_slot(mr.mr(), slot) {
+                Ok(p) => posted.push((p, mr)),
+                Err(e) => {
+                    // (The slots of the receives posted before stay with the QP, which the
+                    // id destroys: their chunk is kept.)
+                    pool.pool().give(e.slot);
+                    return Err(Error::Verbs(e.error));
+                }
+            }
         }
-        let objects = Objects::new(qp, pd.clone(), send_pool, recv_mr, cq, route);
+        let objects = Objects::new(qp, pd.clone(), pool, cq, route);
         let wire = Wire::new(
             objects,
             config.send_depth,
