@@ -208,7 +208,8 @@ impl Config {
     /// and send slots each may hold at once, taken from its shard's pool), the bulk of a
     /// connection's cost with the defaults; beyond it, a shard's pool maps its slots in
     /// chunks of up to 256 KiB, so the pools may hold up to about one chunk per shard, device
-    /// and message size more than their connections' share (and,
+    /// and message size more than their connections' share, and more when the receives that
+    /// connections keep posted hold slots of chunks a burst emptied otherwise (and,
     /// for about a second after a burst, the chunks it emptied); not the rest of the process
     /// (the QP's and CQ's queues, which the provider maps, and evchan's bookkeeping), nor the
     /// memory of received messages the application still holds.
@@ -232,8 +233,9 @@ impl Config {
     /// slots it may have posted or unread at once (`recv_depth` + `ctrl_slots`) and the send
     /// slots it may have in flight at once (`send_depth` + `ctrl_slots`), all from its
     /// shard's pool, each of `max_message` bytes, each set rounded up to whole pages. What
-    /// [`memory_budget`](Self::memory_budget) counts per connection (an idle connection
-    /// holds far less: [`recv_initial`](Self::recv_initial) + `ctrl_slots` receive slots).
+    /// [`memory_budget`](Self::memory_budget) counts per connection (a connection quiet since
+    /// its start holds far less: [`recv_initial`](Self::recv_initial) + `ctrl_slots` receive
+    /// slots).
     #[must_use]
     pub fn buffer_bytes(&self) -> u64 {
         let ctrl = u32::from(self.ctrl_slots);

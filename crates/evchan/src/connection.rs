@@ -38,7 +38,8 @@ pub(crate) fn check_private_data(data: &[u8], max: usize) -> Result<()> {
 ///
 /// Messages keep their boundaries; each is at most the peer's maximum message size. `send`
 /// posts the message from the calling task and waits only when `send_depth` messages are in
-/// flight or the peer has granted no credit (it has not consumed what it got): a slow reader
+/// flight or the peer has granted no credit (it has not consumed what it got, or its window of
+/// credits has not widened yet): a slow reader
 /// slows the sender down, it never makes the connection fail. `recv` polls the connection's
 /// own completion queue from the calling task and, when it is empty, sleeps on its completion
 /// channel through tokio's reactor (or spins first, within [`Config::busy_poll`]'s window): no
@@ -468,8 +469,8 @@ impl RecvHalf {
     /// The next message, `None` once the peer closed cleanly (after every message it sent).
     /// Polls the connection's completion queue from the calling task, and sleeps on its
     /// completion channel while nothing has come. The `Bytes` point into the registered
-    /// receive buffer; the buffer is posted again, and its credit returned to the peer, when
-    /// the last clone is dropped — hold messages and the peer waits.
+    /// receive buffer, which goes back to the connection (for a receive whose credit it grants)
+    /// when the last clone is dropped — hold `recv_depth` messages and the peer waits.
     ///
     /// Cancel safety: cancel-safe. A message is only taken when the future completes; what
     /// the CQ had when the future was dropped waits for the next `recv`.

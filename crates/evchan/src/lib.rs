@@ -28,10 +28,12 @@
 //! ```
 //!
 //! - [`Listener`] / [`Incoming`] / [`Connection`]: messages as [`bytes::Bytes`]; a received
-//!   message points into registered memory (zero copy) and its buffer is posted again — and
-//!   its credit returned to the peer — when the last clone is dropped.
+//!   message points into registered memory (zero copy) and its buffer goes back to the
+//!   connection, for a receive whose credit it grants, when the last clone is dropped.
 //! - Credit flow control ([`proto`]): a sender never overruns the receives its peer posted,
-//!   however slow the reader; `send` waits instead.
+//!   however slow the reader; `send` waits instead. The receiver grants a few credits at
+//!   first and more as the peer's messages come, up to `Config::recv_depth` granted or
+//!   unread.
 //! - [`Stream`]: the byte-stream view (`AsyncRead` + `AsyncWrite`).
 //! - [`remote`]: one-sided RDMA WRITE, READ and atomics on a peer's memory, and memory
 //!   exposed for the peer's, safely on both sides.

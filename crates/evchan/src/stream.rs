@@ -16,8 +16,9 @@ use crate::wire::Wait;
 /// protocols run over RDMA unchanged.
 ///
 /// Writes are cut into messages of at most the connection's maximum size; reads concatenate
-/// messages, so boundaries are not kept. A message's receive buffer is posted again, and its
-/// credit returned to the peer, as soon as its last byte has been read: a request/reply
+/// messages, so boundaries are not kept. A message's receive buffer goes back to the
+/// connection (for a receive whose credit it grants) as soon as its last byte has been read: a
+/// request/reply
 /// protocol works with any `recv_depth`, 1 included. `poll_flush` returns at once: written
 /// bytes are posted in order (a write waits for a send slot and a credit) and delivered unless
 /// the connection is lost. `poll_shutdown` sends the close message; the peer reads EOF after
@@ -103,8 +104,8 @@ impl AsyncRead for Stream {
         buf.put_slice(&this.chunk[..n]);
         this.chunk.advance(n);
         if this.chunk.is_empty() {
-            // Consumed: the buffer goes back (reposted, its credit returned) now, not when
-            // the next message replaces it.
+            // Consumed: the buffer goes back (for a receive whose credit is granted) now, not
+            // when the next message replaces it.
             this.chunk = Bytes::new();
         }
         Poll::Ready(Ok(()))

@@ -236,6 +236,11 @@ impl Drop for Locked<'_> {
 /// A slot's chunk: its registered region, for the post.
 type ChunkMr = Arc<OwnedMr<SlotPool>>;
 
+/// The chunk of a received message's slot, not kept registered by the message: its pool
+/// keeps the chunk while one of its slots is out, unless the pool itself went (its device
+/// removed), and then the message keeps only its bytes.
+type WeakMr = std::sync::Weak<OwnedMr<SlotPool>>;
+
 /// What a posted work request was.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Wr {
@@ -321,15 +326,16 @@ struct Path {
     /// Receives posted, in posting order, with their chunks.
     posted_recv: VecDeque<(PostedSlot, ChunkMr)>,
     /// Data received and not yet taken by `recv`.
-    received: VecDeque<(ChunkMr, Slot)>,
+    received: VecDeque<(WeakMr, Slot)>,
     /// Toward a plain librdmacm peer once open: the receive slots kept posted or unread
     /// (`recv_depth + ctrl_slots`: it has no credits of ours), and how many of them are
     /// unread (received, not yet consumed by the application). Toward an evchan peer its
     /// credits say.
     plain_recvs: Option<(u32, u32)>,
     /// The shard's pool, where slots go back once the objects are gone (the slots of
-    /// messages the application still holds).
-    pool: Arc<SharedPool>,
+    /// messages the application still holds); not kept alive by the connection (the shard
+    /// drops its pools when its device is removed).
+    pool: std::sync::Weak<SharedPool>,
     sends_in_flight: u32,
     /// The wr_id of our posted `FIN`, until it completes.
     fin_wr: Option<u64>,
@@ -383,7 +389,7 @@ impl Wire {
         to_shard: ToShard,
     ) -> Arc<Self> {
         let wakers = Arc::clone(objects.route.waiters());
-        let pool = objects.pool.shared();
+        let pool = Arc::downgrade(&objects.pool.shared());
         Arc::new(Wire {
             path: Mutex::new(Path {
                 objects: Some(objects),
@@ -661,7 +667,7 @@ impl Wire {
     }
 
     /// A received message's slot back from the application (its last `Bytes` dropped).
-    fn give_back(&self, mr: ChunkMr, slot: Slot) {
+    fn give_back(&self, mr: WeakMr, slot: Slot) {
         let mut path = self.lock();
         path.consumed(mr, slot);
         path.flush_ctrl();
@@ -881,14 +887,21 @@ impl Wire {
         self.active.swap(false, Ordering::Relaxed)
     }
 
-    /// Reaps, and posts a keepalive when `due` (a control message that returns nothing);
-    /// `false` when the connection is lost.
+    /// Reaps, posts the receives the credits ask for, and posts a keepalive when `due` (a
+    /// control message that returns nothing); `false` when the connection is lost.
     pub(crate) fn tick(&self, due: bool) -> bool {
         let mut path = self.lock();
         self.progress(&mut path, None);
         if due {
+            // Idle: the credits' window back to its start (the receives posted stay).
+            if let Some(credits) = path.credits.as_mut() {
+                credits.quiet();
+            }
             path.keepalive();
         }
+        // Receives a pool out of memory could not give before.
+        path.top_up();
+        path.flush_ctrl();
         path.return_spare();
         path.stop.is_none()
     }
@@ -1175,7 +1188,7 @@ impl Path {
     }
 
     /// Posts the receives the credits ask for (toward a plain peer: up to its count), each
-    /// granted once posted.
+    /// granted once posted; as many as the pool gives.
     fn top_up(&mut self) {
         let wanted = match (&self.credits, self.plain_recvs) {
             (Some(credits), _) => credits.receives_wanted(),
@@ -1186,7 +1199,19 @@ impl Path {
             (None, None) => 0,
         };
         for _ in 0..wanted {
-            let Some((mr, slot)) = self.take_slot() else {
+            // A pool that cannot grow (the memory lock limit, say) grants nothing more for now
+            // (safe: the peer waits), and the keepalive's look tries again.
+            let taken = match self.spare.pop() {
+                Some(spare) => Some(spare),
+                None => self.objects.as_ref().and_then(|o| {
+                    o.pool
+                        .pool()
+                        .take()
+                        .inspect_err(|e| tracing::debug!("no receive slot for now: {e}"))
+                        .ok()
+                }),
+            };
+            let Some((mr, slot)) = taken else {
                 return;
             };
             if !self.post_recv(mr, slot) {
@@ -1198,15 +1223,19 @@ impl Path {
         }
     }
 
-    /// A data message's slot is free again: kept as a spare, and the receives topped up.
-    fn consumed(&mut self, mr: ChunkMr, slot: Slot) {
+    /// A data message's slot is free again: kept as a spare (given back to the pool when its
+    /// chunk is gone from it, or dropped with the pool), and the receives topped up.
+    fn consumed(&mut self, mr: WeakMr, slot: Slot) {
         if let Some(credits) = self.credits.as_mut() {
             credits.consumed();
         }
         if let Some((_, unread)) = self.plain_recvs.as_mut() {
             *unread = unread.saturating_sub(1);
         }
-        self.put_slot(mr, slot);
+        match mr.upgrade() {
+            Some(mr) => self.put_slot(mr, slot),
+            None => self.give_to_pool(slot),
+        }
         self.top_up();
     }
 
@@ -1410,14 +1439,21 @@ impl Path {
             let _ = slot.set_len(0);
             self.spare.push((mr, slot));
         } else {
-            self.pool.give(slot);
+            self.give_to_pool(slot);
+        }
+    }
+
+    /// A slot back to the shard's pool (dropped, its bytes with it, when the pool is gone).
+    fn give_to_pool(&self, slot: Slot) {
+        if let Some(pool) = self.pool.upgrade() {
+            pool.give(slot);
         }
     }
 
     /// The spare slots back to the shard's pool.
     fn return_spare(&mut self) {
-        for (_, slot) in self.spare.drain(..) {
-            self.pool.give(slot);
+        for (_, slot) in std::mem::take(&mut self.spare) {
+            self.give_to_pool(slot);
         }
     }
 
@@ -1449,12 +1485,12 @@ impl Path {
                     *unread += 1;
                 }
                 if self.reader {
-                    self.received.push_back((mr, slot));
+                    self.received.push_back((Arc::downgrade(&mr), slot));
                     // Credits go out ahead of consumption, within the window.
                     self.top_up();
                 } else {
                     // Nobody reads: dropped at once.
-                    self.consumed(mr, slot);
+                    self.consumed(Arc::downgrade(&mr), slot);
                 }
             }
             // Credit updates and FIN: their receive goes back at once.
@@ -1484,10 +1520,11 @@ fn current_runtime() -> Result<tokio::runtime::Id> {
     }
 }
 
-/// A received message's slot as the owner of its `Bytes`: dropping the last clone posts the
-/// slot again and returns its credit, from the dropping thread.
+/// A received message's slot as the owner of its `Bytes`: dropping the last clone gives the
+/// slot back to the connection, which posts the receives its credits ask for, from the
+/// dropping thread.
 struct RecvBuf {
-    slot: Option<(ChunkMr, Slot)>,
+    slot: Option<(WeakMr, Slot)>,
     wire: Arc<Wire>,
 }
 
@@ -1509,8 +1546,8 @@ impl Drop for Path {
     /// The slots of messages nobody took, and the spares, back to the shard's pool (so that
     /// their chunk can go).
     fn drop(&mut self) {
-        for (_, slot) in self.received.drain(..) {
-            self.pool.give(slot);
+        for (_, slot) in std::mem::take(&mut self.received) {
+            self.give_to_pool(slot);
         }
         self.return_spare();
     }

@@ -19,8 +19,11 @@
 //!   `initial` at first, doubled (up to `data_slots`) each time a data message arrives that
 //!   leaves the peer with no credit it knows of. It grants ahead of consumption, but never so
 //!   that credits out plus data messages the application holds exceed `data_slots`: a slow
-//!   reader still stops its sender. So an idle connection holds `initial` data receives, and a
-//!   busy one up to `data_slots`.
+//!   reader still stops its sender. So a connection quiet since its start holds `initial` data
+//!   receives, and a busy one up to `data_slots`; after a quiet while
+//!   ([`Credits::quiet`]) the window starts again from `initial`, and the receives the peer
+//!   uses are granted again only up to it (those granted stay posted until used: a receive
+//!   cannot be taken back).
 //! - Credit updates and `FIN` draw on a separate budget of `ctrl_slots`: the receiver posts a
 //!   control message's receive again as soon as it has read it, so data can never starve them.
 //!   The last control credit is kept for a pure confirmation (returning the peer's control
@@ -80,12 +83,13 @@ pub enum ProtocolError {
         /// Data slots this side offered.
         slots: u32,
     },
-    /// The peer returned more credits than were outstanding.
+    /// The peer granted more data credits than its handshake's `data_slots` allow (with
+    /// those this side holds), or confirmed more control messages than were outstanding.
     #[error("the peer returned {returned} credits, but only {outstanding} were outstanding")]
     OverReturn {
-        /// What the update returns.
+        /// What the update grants or confirms.
         returned: u32,
-        /// What was outstanding.
+        /// What it could grant or confirm at most.
         outstanding: u32,
     },
     /// Data, or a second `FIN`, after the peer's `FIN` (credit updates may still come: the
@@ -235,6 +239,14 @@ impl Credits {
     pub fn granted(&mut self, n: u32) {
         self.granted += n;
         self.grants = self.grants.wrapping_add(n) & CUM_MASK;
+    }
+
+    /// The connection was quiet for a while: the window goes back to the initial grant, so
+    /// that the receives the peer uses from now on are granted again only up to it (those
+    /// granted already stay posted: a receive cannot be taken back). It widens again as
+    /// before when the peer's messages use every credit it knows of.
+    pub fn quiet(&mut self) {
+        self.window = self.mine.initial;
     }
 
     /// A credit update that should go now, as its immediate data (the caller posts it);
@@ -723,6 +735,26 @@ mod tests {
             }
         }
         assert_eq!(widest, 16, "the window grew to data_slots");
+        finish(&mut p);
+        // Quiet: then one message at a time, as a request/reply would; the grants the peer
+        // uses are granted again only up to the initial window.
+        p.sides[0].credits.quiet();
+        for _ in 0..20 {
+            p.sides[1].to_send = 1;
+            p.pump(1);
+            while p.deliver(0) {}
+            while p.consume(0) {}
+            p.sides[0].to_send = 1; // the reply, which carries the grants
+            p.pump(0);
+            while p.deliver(1) {}
+            while p.consume(1) {}
+        }
+        assert_eq!(p.sides[1].to_send + p.sides[0].to_send, 0);
+        assert_eq!(
+            p.sides[0].credits.data_granted(),
+            2,
+            "back to the initial window"
+        );
         finish(&mut p);
     }
 

@@ -240,16 +240,32 @@ impl<'s> Shard<'s> {
             .entry((dev, size))
             .or_insert_with(|| crate::wire::SharedPool::new(pd.clone(), size))
             .user();
+        // The slots first (given back should the pool fail), then the posts.
         let first = config.first_recvs() as usize;
-        let mut posted = Vec::with_capacity(first);
+        let mut slots = Vec::with_capacity(first);
         for _ in 0..first {
-            let (mr, slot) = pool.pool().take()?;
+            match pool.pool().take() {
+                Ok(taken) => slots.push(taken),
+                Err(e) => {
+                    for (_, slot) in slots {
+                        pool.pool().give(slot);
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        let mut posted = Vec::with_capacity(first);
+        let mut slots = slots.into_iter();
+        for (mr, slot) in slots.by_ref() {
             match qp.post_recv_slot(mr.mr(), slot) {
                 Ok(p) => posted.push((p, mr)),
                 Err(e) => {
-                    // (The slots of the receives posted before stay with the QP, which the
-                    // id destroys: their chunk is kept.)
+                    // (The receives posted before stay with the QP, which the id destroys:
+                    // their slots are lost, and their chunk stays registered.)
                     pool.pool().give(e.slot);
+                    for (_, slot) in slots {
+                        pool.pool().give(slot);
+                    }
                     return Err(Error::Verbs(e.error));
                 }
             }
