@@ -25,7 +25,8 @@
 //!   closes them all at once and waits `--settle-ms` (default 3,000), with a line `@tools
 //!   scale-after ms= rss_kib=` per sample (ms: since the close began). Then one line:
 //!   `@tools scale-client asked=N opened=M busy=B failed=F stopped=0|1 setup_s= rate_per_s=
-//!   close_s= rss_before_kib= rss_open_kib= rss_after_kib= fds_before= fds_open= fds_after=`
+//!   close_s= rss_before_kib= rss_open_kib= rss_after_kib= heap_after_kib= anon_huge_after_kib=
+//!   fds_before= fds_open= fds_after=`
 //!   (before: after one connection opened and closed, which starts evchan's runtime; `busy`: typed busy rejects, by cause in `busy_causes=`),
 //!   and its own `scale-sample side=client` lines while opening.
 //! - `--ask cmtime`: the server (re)starts `cmtime -b` on its address, and answers once that
@@ -143,6 +144,17 @@ fn rss_kib() -> u64 {
             line.split_whitespace().nth(1)?.parse().ok()
         })
         .unwrap_or_else(|| fail(PROGRAM, "no VmRSS in /proc/self/status"))
+}
+
+/// This process's anonymous memory in transparent huge pages, in KiB (0 when unknown).
+fn anon_huge_kib() -> u64 {
+    std::fs::read_to_string("/proc/self/smaps_rollup")
+        .ok()
+        .and_then(|s| {
+            let line = s.lines().find(|l| l.starts_with("AnonHugePages:"))?;
+            line.split_whitespace().nth(1)?.parse().ok()
+        })
+        .unwrap_or(0)
 }
 
 /// This process's open descriptors (but the one that lists them).
@@ -472,6 +484,13 @@ async fn client(addr: SocketAddr, a: &Args) -> Result<(), Error> {
             ("rss_before_kib", rss_before.to_string()),
             ("rss_open_kib", rss_open.to_string()),
             ("rss_after_kib", rss_kib().to_string()),
+            // What the RSS after is made of: the allocator's bytes in use, and transparent
+            // huge pages of anonymous memory.
+            (
+                "heap_after_kib",
+                (evchan_sys::heap_in_use() / 1024).to_string(),
+            ),
+            ("anon_huge_after_kib", anon_huge_kib().to_string()),
             ("fds_before", fds_before.to_string()),
             ("fds_open", fds_open.to_string()),
             ("fds_after", fds().to_string()),

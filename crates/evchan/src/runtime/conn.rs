@@ -24,7 +24,8 @@ pub(super) enum IdState<'s> {
     Requested(CmId<'s, Requested>),
     Connecting(CmId<'s, Connecting>),
     Connected(CmId<'s, Connected>),
-    Disconnected(CmId<'s, Disconnected>),
+    /// Held until the connection goes (its drop destroys the id).
+    Disconnected(#[allow(dead_code)] CmId<'s, Disconnected>),
     Gone,
 }
 
@@ -46,22 +47,6 @@ impl IdState<'_> {
     }
 }
 
-/// `$body` with `$id` bound to the id in whatever state it is; `None` when gone.
-macro_rules! with_id {
-    ($state:expr, $id:ident => $body:expr) => {
-        match $state {
-            IdState::ResolvingAddr($id) => Some($body),
-            IdState::ResolvingRoute($id) => Some($body),
-            IdState::Requested($id) => Some($body),
-            IdState::Connecting($id) => Some($body),
-            IdState::Connected($id) => Some($body),
-            IdState::Disconnected($id) => Some($body),
-            IdState::Gone => None,
-        }
-    };
-}
-pub(super) use with_id;
-
 /// Where a connection is in its life.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Phase {
@@ -80,6 +65,9 @@ pub(super) struct Conn<'s> {
     /// The connection's lifecycle span (`evchan.conn`): its events are recorded in it.
     pub(super) span: tracing::Span,
     pub(super) id: IdState<'s>,
+    /// The id's key in its shard's `by_key`, once there (kept when a failed step drops the
+    /// id, so that its entry goes with the connection).
+    pub(super) key: Option<evchan_core::cm::IdKey>,
     pub(super) phase: Phase,
     pub(super) deadline: Option<Instant>,
     pub(super) config: Config,
@@ -133,6 +121,7 @@ impl Conn<'_> {
         Conn {
             span: tracing::debug_span!(parent: None, "evchan.conn", conn = conn.0),
             id,
+            key: None,
             phase,
             deadline: None,
             config,

@@ -52,6 +52,7 @@ impl<'s> Shard<'s> {
         c.reply = Some(reply);
         c.peer_addr = Some(addr);
         c.active = true;
+        c.key = Some(key);
         self.by_key.insert(key, conn);
         self.conns.insert(conn, c);
     }
@@ -337,6 +338,7 @@ impl<'s> Shard<'s> {
         c.peer = Some(m.peer);
         c.peer_addr = peer_addr;
         c.local_addr = local_addr;
+        c.key = Some(key);
         self.by_key.insert(key, m.conn);
         self.conns.insert(m.conn, c);
     }

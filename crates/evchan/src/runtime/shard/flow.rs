@@ -10,7 +10,7 @@ use tokio::sync::oneshot;
 
 use super::{Shard, DRAIN_TIMEOUT};
 use crate::error::{Error, Lost, Result};
-use crate::runtime::conn::{with_id, Conn, IdState, Phase};
+use crate::runtime::conn::{Conn, IdState, Phase};
 use crate::runtime::ConnId;
 use crate::wait::Role;
 use crate::wire::{Heard, Wait, Waiting, Wire};
@@ -25,8 +25,12 @@ const SHARD_LOOK_MAX: Duration = Duration::from_millis(200);
 impl<'s> Shard<'s> {
     pub(super) fn remove(&mut self, conn: ConnId) -> Option<Conn<'s>> {
         let c = self.conns.remove(&conn)?;
-        if let Some(key) = with_id!(&c.id, id => id.key()) {
-            self.by_key.remove(&key);
+        // (Its key, even when a failed setup step dropped the id; an entry another
+        // connection's id took since stays.)
+        if let Some(key) = c.key {
+            if self.by_key.get(&key) == Some(&conn) {
+                self.by_key.remove(&key);
+            }
         }
         crate::runtime::trim::shrink_if_sparse(&mut self.conns);
         crate::runtime::trim::shrink_if_sparse(&mut self.by_key);
