@@ -137,24 +137,20 @@ fn main() -> ExitCode {
 
 /// This process's resident memory (`VmRSS`), in KiB.
 fn rss_kib() -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            let line = s.lines().find(|l| l.starts_with("VmRSS:"))?;
-            line.split_whitespace().nth(1)?.parse().ok()
-        })
+    proc_kib("/proc/self/status", "VmRSS:")
         .unwrap_or_else(|| fail(PROGRAM, "no VmRSS in /proc/self/status"))
 }
 
 /// This process's anonymous memory in transparent huge pages, in KiB (0 when unknown).
 fn anon_huge_kib() -> u64 {
-    std::fs::read_to_string("/proc/self/smaps_rollup")
-        .ok()
-        .and_then(|s| {
-            let line = s.lines().find(|l| l.starts_with("AnonHugePages:"))?;
-            line.split_whitespace().nth(1)?.parse().ok()
-        })
-        .unwrap_or(0)
+    proc_kib("/proc/self/smaps_rollup", "AnonHugePages:").unwrap_or(0)
+}
+
+/// The KiB figure of the line starting with `key` in `file`.
+fn proc_kib(file: &str, key: &str) -> Option<u64> {
+    let s = std::fs::read_to_string(file).ok()?;
+    let line = s.lines().find(|l| l.starts_with(key))?;
+    line.split_whitespace().nth(1)?.parse().ok()
 }
 
 /// This process's open descriptors (but the one that lists them).
