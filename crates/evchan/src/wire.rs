@@ -899,9 +899,10 @@ impl Wire {
             }
             path.keepalive();
         }
-        // Receives a pool out of memory could not give before.
+        // Receives a pool out of memory could not give before, and grants not told yet.
         path.top_up();
         path.flush_ctrl();
+        path.tell_grants();
         path.return_spare();
         path.stop.is_none()
     }
@@ -1146,21 +1147,35 @@ impl Path {
     /// A keepalive: a control message that returns nothing new, when a control credit is free
     /// (else the confirmations it waits for say the same soon).
     fn keepalive(&mut self) {
+        if self.post_credit(Credits::keepalive) {
+            tracing::trace!(conn = ?self.to_shard.conn, "keepalive");
+        }
+    }
+
+    /// A credit update with the grants the peer has not been told yet, if any (the keepalive's
+    /// look: a grant below [`Credits::credit_update`]'s thresholds waits no longer than that).
+    fn tell_grants(&mut self) {
+        self.post_credit(Credits::grant_update);
+    }
+
+    /// Posts the control message `make` decides on, if any, in a control work request's room
+    /// (the credits as they were when it cannot go); whether it went.
+    fn post_credit(&mut self, make: impl FnOnce(&mut Credits) -> Option<u32>) -> bool {
         if self.stop.is_some() || self.ctrl_room == 0 {
-            return;
+            return false;
         }
         let Some(credits) = self.credits.as_mut() else {
-            return;
+            return false;
         };
         let saved = credits.clone();
-        let Some(imm) = credits.keepalive() else {
-            return;
+        let Some(imm) = make(credits) else {
+            return false;
         };
         if self.post_ctrl(imm).is_none() {
             self.credits = Some(saved);
-        } else {
-            tracing::trace!(conn = ?self.to_shard.conn, imm, "keepalive");
+            return false;
         }
+        true
     }
 
     /// Posts a receive; `false` (the slot kept as a spare) when the connection has stopped,

@@ -260,6 +260,14 @@ impl Credits {
         allowed.then(|| self.send_ctrl(Kind::Credit))
     }
 
+    /// A credit update that tells the peer the grants it has not been told yet, whatever the
+    /// thresholds of [`credit_update`](Self::credit_update), as its immediate data; `None`
+    /// when there are none or no control credit is free besides the confirmation reserve. The
+    /// driver's backstop at its periodic look: a grant never waits longer than that.
+    pub fn grant_update(&mut self) -> Option<u32> {
+        (self.pending_data() > 0 && self.ctrl_spare()).then(|| self.send_ctrl(Kind::Credit))
+    }
+
     /// A keepalive: a credit update that returns nothing new (the peer accepts it as one, and
     /// confirms it like any control message), as its immediate data. `None` when the control
     /// budget, less the confirmation reserve, is spent for now.
@@ -756,6 +764,23 @@ mod tests {
             "back to the initial window"
         );
         finish(&mut p);
+    }
+
+    /// A grant below the thresholds goes out with the periodic look's `grant_update`, once.
+    #[test]
+    fn grant_update_tells_what_waits() {
+        let mine = Handshake {
+            initial: 2,
+            ..hs(16, 4)
+        };
+        let mut c = Credits::new(mine, hs(16, 4));
+        assert_eq!(c.grant_update(), None, "nothing granted beyond the handshake");
+        assert_eq!(c.on_receive(Some(0), 1), Ok(Kind::Data));
+        c.granted(c.receives_wanted());
+        assert_eq!(c.credit_update(), None, "one grant, the peer not blocked");
+        let imm = c.grant_update().expect("the grant not yet told");
+        assert_eq!((imm >> 15) & 0x7fff, 1, "it grants 1");
+        assert_eq!(c.grant_update(), None, "told");
     }
 
     #[test]
