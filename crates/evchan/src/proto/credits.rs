@@ -774,7 +774,11 @@ mod tests {
             ..hs(16, 4)
         };
         let mut c = Credits::new(mine, hs(16, 4));
-        assert_eq!(c.grant_update(), None, "nothing granted beyond the handshake");
+        assert_eq!(
+            c.grant_update(),
+            None,
+            "nothing granted beyond the handshake"
+        );
         assert_eq!(c.on_receive(Some(0), 1), Ok(Kind::Data));
         c.granted(c.receives_wanted());
         assert_eq!(c.credit_update(), None, "one grant, the peer not blocked");
