@@ -791,11 +791,13 @@ impl Wire {
                 path.stop = Some(Stop::Lost(Lost::DeviceRemoved));
             }
             path.stop.get_or_insert(Stop::Lost(why));
-            // The QP is destroyed: the slots of its sends come back to the shard's pool
-            // (those a failed destroy keeps are lost, and their chunk stays).
+            // The QP is destroyed: the slots of its sends and receives come back to the
+            // shard's pool (those a failed destroy keeps are lost, and their chunk stays).
             let p = &mut *path;
             if let Some(objects) = &p.objects {
-                for (posted, _, _) in p.posted_send.drain(..) {
+                let sends = p.posted_send.drain(..).map(|(posted, _, _)| posted);
+                let recvs = p.posted_recv.drain(..).map(|(posted, _)| posted);
+                for posted in sends.chain(recvs) {
                     if let Ok(slot) = objects.qp.reclaim(posted) {
                         objects.pool.pool().give(slot);
                     }
@@ -807,14 +809,6 @@ impl Wire {
             // deregistered, then freed; a future still waiting learns that the connection
             // ended, without its buffer).
             path.posted_mr.clear();
-            let p = &mut *path;
-            if let Some(objects) = &p.objects {
-                for (posted, _) in p.posted_recv.drain(..) {
-                    if let Ok(slot) = objects.qp.reclaim(posted) {
-                        objects.pool.pool().give(slot);
-                    }
-                }
-            }
             path.posted_recv.clear();
             path.remote_in_flight = 0;
             if let Some((device, qp_num)) = path.qp_key.take() {
@@ -1216,17 +1210,10 @@ impl Path {
         for _ in 0..wanted {
             // A pool that cannot grow (the memory lock limit, say) grants nothing more for now
             // (safe: the peer waits), and the keepalive's look tries again.
-            let taken = match self.spare.pop() {
-                Some(spare) => Some(spare),
-                None => self.objects.as_ref().and_then(|o| {
-                    o.pool
-                        .pool()
-                        .take()
-                        .inspect_err(|e| tracing::debug!("no receive slot for now: {e}"))
-                        .ok()
-                }),
-            };
-            let Some((mr, slot)) = taken else {
+            let Some(Ok((mr, slot))) = self
+                .try_take_slot()
+                .map(|t| t.inspect_err(|e| tracing::debug!("no receive slot for now: {e}")))
+            else {
                 return;
             };
             if !self.post_recv(mr, slot) {
@@ -1434,17 +1421,22 @@ impl Path {
     /// A slot for a post (a send or a receive): a spare one, else one from the shard's pool;
     /// `None` (and the connection lost) when the pool could not make one, or without objects.
     fn take_slot(&mut self) -> Option<(ChunkMr, Slot)> {
-        if let Some(spare) = self.spare.pop() {
-            return Some(spare);
-        }
-        let taken = self.objects.as_ref()?.pool.pool().take();
-        match taken {
+        match self.try_take_slot()? {
             Ok(t) => Some(t),
             Err(e) => {
                 self.lose(Lost::Verbs(format!("no slot: {e}")));
                 None
             }
         }
+    }
+
+    /// A spare slot, else one from the shard's pool (its error when the pool could not make
+    /// one); `None` without objects.
+    fn try_take_slot(&mut self) -> Option<Result<(ChunkMr, Slot)>> {
+        if let Some(spare) = self.spare.pop() {
+            return Some(Ok(spare));
+        }
+        Some(self.objects.as_ref()?.pool.pool().take())
     }
 
     /// A slot back, kept as a spare (given back to the pool once the objects are gone: the
