@@ -76,6 +76,22 @@ pub struct Connection {
     recv: RecvHalf,
 }
 
+/// A connection's data path seen from a test ([`Connection::__probe`]): a test door, not part
+/// of the API.
+#[doc(hidden)]
+#[derive(Debug, Clone)]
+pub struct Probe(Arc<Wire>);
+
+impl Probe {
+    /// The data path's state in one line. `kick`: reap the completion queue first and say how
+    /// many completions were waiting there (a wake-up that never came shows as completions
+    /// found).
+    #[must_use]
+    pub fn state(&self, kick: bool) -> String {
+        self.0.probe(kick)
+    }
+}
+
 /// The sending half of a [`Connection`].
 #[derive(Debug)]
 pub struct SendHalf {
@@ -323,6 +339,14 @@ impl Connection {
     #[doc(hidden)]
     pub fn __route_qp_event(&self, kind: evchan_core::verbs::AsyncEventKind) -> bool {
         self.send.__route_qp_event(kind)
+    }
+
+    /// A handle on the data path's state, for a test that waited too long: a test door, not
+    /// part of the API.
+    #[doc(hidden)]
+    #[must_use]
+    pub fn __probe(&self) -> Probe {
+        Probe(Arc::clone(&self.send.wire))
     }
 
     /// The peer's address.

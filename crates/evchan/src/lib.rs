@@ -71,6 +71,8 @@ mod wire;
 
 pub use buffer::{Buffer, BufferError, BufferResult};
 pub use config::Config;
+#[doc(hidden)]
+pub use connection::Probe;
 pub use connection::{
     ConnectBuilder, Connection, RecvHalf, SendHalf, MAX_ACCEPT_PRIVATE_DATA,
     MAX_CONNECT_PRIVATE_DATA, MAX_REJECT_PRIVATE_DATA,

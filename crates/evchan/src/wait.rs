@@ -66,7 +66,6 @@ impl Line {
     }
 
     /// How many futures wait.
-    #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
         self.entries.len()
     }
@@ -304,6 +303,17 @@ impl Waiters {
     #[cfg(test)]
     pub(crate) fn waiting(&self, role: Role) -> usize {
         self.lock()[role as usize].len()
+    }
+
+    /// How many futures wait in `role`'s line, and how many of them hold a waker (those not
+    /// woken since they last waited; the others are woken and not polled yet).
+    pub(crate) fn line_state(&self, role: Role) -> (usize, usize) {
+        let lines = self.lock();
+        let line = &lines[role as usize];
+        (
+            line.len(),
+            line.entries.iter().filter(|e| e.waker.is_some()).count(),
+        )
     }
 }
 

@@ -901,6 +901,46 @@ impl Wire {
         path.stop.is_none()
     }
 
+    /// The data path's state in one line, for a test that waited too long (a test door: see
+    /// [`Connection::__probe`](crate::Connection::__probe)). `kick`: reap the CQ first, and
+    /// say how many completions were there (so a missed wake-up shows as completions found).
+    pub(crate) fn probe(&self, kick: bool) -> String {
+        let mut path = self.lock();
+        let reaped = if kick {
+            format!("reaped {}; ", self.progress(&mut path, None))
+        } else {
+            String::new()
+        };
+        let p = &*path;
+        let sends: Vec<Wr> = p.posted_send.iter().map(|(_, w, _)| *w).collect();
+        let lines: Vec<(Role, (usize, usize))> = crate::wait::Role::ALL
+            .iter()
+            .map(|r| (*r, self.wakers.line_state(*r)))
+            .collect();
+        format!(
+            "{reaped}waiting (futures, not woken) {lines:?}, objects {}, stop {:?}, credits {:?}, plain {:?}, data_room {}, \
+             ctrl_room {}, sends_in_flight {}, posted_send {sends:?}, posted_recv {}, \
+             received {}, spare {}, fin_wr {:?}, want_fin {}, reader {}, ending {}, \
+             watched {:?}, remote_in_flight {}",
+            p.objects.is_some(),
+            p.stop,
+            p.credits,
+            p.plain_recvs,
+            p.data_room,
+            p.ctrl_room,
+            p.sends_in_flight,
+            p.posted_recv.len(),
+            p.received.len(),
+            p.spare.len(),
+            p.fin_wr,
+            p.want_fin,
+            p.reader,
+            p.ending,
+            p.watched.as_ref().map(|(id, w)| (id, w.is_dead())),
+            p.remote_in_flight,
+        )
+    }
+
     /// What [`Connection::close`](crate::Connection::close) returns once the shard has
     /// released the connection (`released`), or once the shard is gone (`gone`: why).
     pub(crate) fn close_result(&self, released: bool, gone: Lost) -> Result<()> {
@@ -1385,9 +1425,15 @@ impl Path {
             }
         }
         let Some((posted, kind, mr)) = self.take_posted(wc) else {
+            // Not seen: every work request of the QP is in a posted queue until it completes.
+            tracing::warn!(conn = ?self.to_shard.conn, wr_id = wc.wr_id(), status = ?wc.status(),
+                "evchan: a completion of no posted work request, dropped");
             return;
         };
         let Ok(slot) = posted.complete(wc) else {
+            // Not seen: the CQ is this QP's alone.
+            tracing::warn!(conn = ?self.to_shard.conn, qp_num = wc.qp_num(),
+                "evchan: a completion of another QP, dropped");
             return;
         };
         let ok = wc.is_success();

@@ -5,7 +5,9 @@
 //!   [`Listener`], 100 messages each way on each, all intact and in order; three rounds, each
 //!   in its own tokio runtime, and between rounds evchan's runtime must shut down (its threads
 //!   end once the last handle is gone). After rounds 2 and 3 the process's file descriptors
-//!   must be exactly those after round 1, and its RSS within [`RSS_TOLERANCE_KIB`] of it.
+//!   must be exactly those after round 1, and its RSS within [`RSS_TOLERANCE_KIB`] of it. A
+//!   round fails as hung once nothing has moved on any connection for 30 s ([`watchdog`]),
+//!   printing what the ends still exchanging were at.
 //! - `dropped_*_leaves_no_rdma_resources`: a `Connection`, a half, or the `Listener` dropped
 //!   mid-flight; once the runtime has shut down, `rdma resource show` lists no cm_id, QP, CQ
 //!   or MR of this process and no PD but librdmacm's own one per device (see
@@ -19,15 +21,15 @@
 mod support;
 
 use std::future::Future;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use evchan::{Config, Connection, Error, Listener};
+use evchan::{Config, Connection, Error, Listener, Probe};
 use support::{
     bound_tcp_id, echo_server, fd_count, fd_targets, port, rss_kib, step, user_rdma_resources, v4,
-    wait_runtime_gone,
+    wait_runtime_gone, STEP,
 };
 
 const CONNS: u32 = 256;
@@ -91,8 +93,10 @@ fn in_fresh_runtime<F: Future<Output = ()>>(fut: F) {
 }
 
 /// One side of a connection's exchange: sends `MSGS` messages of direction `dir`, then its
-/// FIN; receives `MSGS` of the other direction in order, then `None`.
+/// FIN; receives `MSGS` of the other direction in order, then `None`. No wait of its own is
+/// timed: the round's [`watchdog`] fails the round when nothing moves anywhere.
 async fn exchange(conn: Connection, c: u32, dir: u8) {
+    probes().insert((c, dir), conn.__probe());
     let (tx, mut rx) = conn.split();
     let sender = tokio::spawn(async move {
         for i in 0..MSGS {
@@ -103,10 +107,12 @@ async fn exchange(conn: Connection, c: u32, dir: u8) {
         drop(tx); // FIN after all of them
     });
     for i in 0..MSGS {
-        let m = step("recv", rx.recv())
+        let m = rx
+            .recv()
             .await
             .unwrap_or_else(|e| panic!("conn {c} dir {dir} recv {i}: {e}"))
             .unwrap_or_else(|| panic!("conn {c} dir {dir}: end after {i} messages"));
+        MOVED.fetch_add(1, Ordering::Relaxed);
         assert_eq!(
             m,
             msg(c, i, 1 - dir),
@@ -114,12 +120,74 @@ async fn exchange(conn: Connection, c: u32, dir: u8) {
             1 - dir
         );
     }
-    assert_eq!(
-        step("end", rx.recv()).await.unwrap(),
-        None,
-        "conn {c}: more than {MSGS}"
+    assert_eq!(rx.recv().await.unwrap(), None, "conn {c}: more than {MSGS}");
+    MOVED.fetch_add(1, Ordering::Relaxed);
+    sender.await.unwrap();
+    MOVED.fetch_add(1, Ordering::Relaxed);
+    probes().remove(&(c, dir));
+}
+
+/// Messages delivered, ends and senders finished, over all connections of the process.
+static MOVED: AtomicU64 = AtomicU64::new(0);
+
+/// Fails the round once nothing has moved on any connection (no message delivered, no end
+/// nor sender finished) for [`STEP`]: a hang, with what the ends still exchanging were at.
+///
+/// Not a timeout per wait: with 256 connections, both ends and every task of them on two
+/// worker threads in the emulated VM, the runtime is saturated (both workers busy for the
+/// whole exchange, hundreds of woken tasks in tokio's queues), and one connection's task
+/// can wait its turn for over 30 s while the others move; that is scheduling, not a hang,
+/// and a hang stops everything that depends on it within the round. It runs in the round's
+/// `block_on`, on the test's own thread, not in the saturated workers' queues.
+async fn watchdog() {
+    let mut last = MOVED.load(Ordering::Relaxed);
+    loop {
+        tokio::time::sleep(STEP).await;
+        let now = MOVED.load(Ordering::Relaxed);
+        assert_ne!(
+            now,
+            last,
+            "nothing moved on any connection for {STEP:?}\n{}",
+            stalled()
+        );
+        last = now;
+    }
+}
+
+/// The data paths of the connection ends still exchanging, by connection and direction: what
+/// a hang prints.
+fn probes() -> std::sync::MutexGuard<'static, std::collections::HashMap<(u32, u8), Probe>> {
+    static PROBES: std::sync::OnceLock<
+        std::sync::Mutex<std::collections::HashMap<(u32, u8), Probe>>,
+    > = std::sync::OnceLock::new();
+    PROBES
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// What the ends still exchanging are at (the first few, both ends of each connection, as
+/// they are and after a reap of their CQs), the runtime's queues and the device's counters.
+fn stalled() -> String {
+    let all = probes().clone();
+    let mut ends: Vec<_> = all.keys().copied().collect();
+    ends.sort_unstable();
+    let mut out = format!("{} ends still exchanging: {ends:?}\n", ends.len());
+    for kick in [false, true] {
+        for k in ends.iter().take(6) {
+            out += &format!("  {k:?} (kick {kick}): {}\n", all[k].state(kick));
+        }
+    }
+    let m = tokio::runtime::Handle::current().metrics();
+    out += &format!(
+        "runtime: {} tasks alive, {} in the global queue; workers' busy time and parks: {:?}\n",
+        m.num_alive_tasks(),
+        m.global_queue_depth(),
+        (0..m.num_workers())
+            .map(|w| (m.worker_total_busy_duration(w), m.worker_park_count(w)))
+            .collect::<Vec<_>>()
     );
-    step("sender", sender).await.unwrap();
+    out + &support::device_counters()
 }
 
 /// One round; returns how long it took and the QPs `rdma resource show` listed with every
@@ -200,8 +268,11 @@ fn round(k: u32) -> (Duration, usize) {
                 r.unwrap();
             }
             server.await.unwrap()
-        })
-        .await;
+        });
+        let done = tokio::select! {
+            done = done => done,
+            () = watchdog() => unreachable!("the watchdog returns only by failing"),
+        };
         let listener = done.unwrap_or_else(|_| panic!("round {k} did not finish within {ROUND:?}"));
         drop(listener);
     });
@@ -226,6 +297,7 @@ fn fds_settle_to(want: usize) -> Option<usize> {
 #[test]
 fn many_connections_three_rounds_without_growth() {
     require_device!();
+    support::init_log();
     support::no_huge_pages();
     // Two descriptors per connection end, both ends here.
     support::open_files_for(4 * u64::from(CONNS) + 256);

@@ -130,6 +130,24 @@ pub fn rxe_counter(name: &str) -> Option<u64> {
     .and_then(|s| s.trim().parse().ok())
 }
 
+/// rxe0's hardware counters that are not zero, on one line (for a test that stalled).
+pub fn device_counters() -> String {
+    let dir = "/sys/class/infiniband/rxe0/ports/1/hw_counters";
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return format!("no {dir}\n");
+    };
+    let mut counters: Vec<String> = entries
+        .flatten()
+        .filter_map(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let v = rxe_counter(&name)?;
+            (v > 0).then(|| format!("{name} {v}"))
+        })
+        .collect();
+    counters.sort();
+    format!("rxe0 counters: {}\n", counters.join(", "))
+}
+
 /// `EVCHAN_LOG=debug` (an env filter) prints the driver's tracing events to stderr.
 pub fn init_log() {
     if let Ok(filter) = std::env::var("EVCHAN_LOG") {
