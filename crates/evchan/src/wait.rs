@@ -305,8 +305,9 @@ impl Waiters {
         self.lock()[role as usize].len()
     }
 
-    /// How many futures wait in `role`'s line, and how many of them hold a waker (those not
-    /// woken since they last waited; the others are woken and not polled yet).
+    /// How many futures wait in `role`'s line, and how many of them hold a waker. In the
+    /// senders' line a woken sender keeps its place without its waker until it is polled; in
+    /// the others a woken future leaves the line (so there both counts are always equal).
     pub(crate) fn line_state(&self, role: Role) -> (usize, usize) {
         let lines = self.lock();
         let line = &lines[role as usize];

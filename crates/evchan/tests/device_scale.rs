@@ -154,6 +154,24 @@ async fn watchdog() {
     }
 }
 
+/// The most a [`canary`] task woke up late in this round, in milliseconds.
+static LATE_MS: AtomicU64 = AtomicU64::new(0);
+
+/// A task of the round's runtime that sleeps 100 ms in a loop and notes how late it wakes up:
+/// how long a woken task of that runtime waits its turn (no evchan in it).
+async fn canary() {
+    const NAP: Duration = Duration::from_millis(100);
+    loop {
+        let start = Instant::now();
+        tokio::time::sleep(NAP).await;
+        let late = start.elapsed().saturating_sub(NAP);
+        LATE_MS.fetch_max(
+            u64::try_from(late.as_millis()).unwrap_or(u64::MAX),
+            Ordering::Relaxed,
+        );
+    }
+}
+
 /// The data paths of the connection ends still exchanging, by connection and direction: what
 /// a hang prints.
 fn probes() -> std::sync::MutexGuard<'static, std::collections::HashMap<(u32, u8), Probe>> {
@@ -180,7 +198,9 @@ fn stalled() -> String {
     }
     let m = tokio::runtime::Handle::current().metrics();
     out += &format!(
-        "runtime: {} tasks alive, {} in the global queue; workers' busy time and parks: {:?}\n",
+        "runtime: a task woke up to {} ms late; {} tasks alive, {} in the global queue; \
+         workers' busy time and parks: {:?}\n",
+        LATE_MS.load(Ordering::Relaxed),
         m.num_alive_tasks(),
         m.global_queue_depth(),
         (0..m.num_workers())
@@ -263,6 +283,8 @@ fn round(k: u32) -> (Duration, usize) {
             .await
             .unwrap();
         go_tx.send(true).unwrap();
+        LATE_MS.store(0, Ordering::Relaxed);
+        let canary = tokio::spawn(canary());
         let done = tokio::time::timeout(ROUND, async {
             while let Some(r) = clients.join_next().await {
                 r.unwrap();
@@ -274,6 +296,11 @@ fn round(k: u32) -> (Duration, usize) {
             () = watchdog() => unreachable!("the watchdog returns only by failing"),
         };
         let listener = done.unwrap_or_else(|_| panic!("round {k} did not finish within {ROUND:?}"));
+        canary.abort();
+        eprintln!(
+            "round {k}: a task of the same runtime woke up to {} ms late",
+            LATE_MS.load(Ordering::Relaxed)
+        );
         drop(listener);
     });
     (start.elapsed(), qps)
