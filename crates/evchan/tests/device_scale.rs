@@ -134,8 +134,8 @@ static MOVED: AtomicU64 = AtomicU64::new(0);
 /// nor sender finished) for [`STEP`]: a hang, with what the ends still exchanging were at.
 ///
 /// Not a timeout per wait: with 256 connections, both ends and every task of them on two
-/// worker threads in the emulated VM, the runtime is saturated (both workers busy for the
-/// whole exchange, hundreds of woken tasks in tokio's queues), and one connection's task
+/// worker threads in the emulated VM, the runtime is saturated (both workers busy most of
+/// the round, hundreds of woken tasks in tokio's queues), and one connection's task
 /// can wait its turn for over 30 s while the others move; that is scheduling, not a hang,
 /// and a hang stops everything that depends on it within the round. It runs in the round's
 /// `block_on`, on the test's own thread, not in the saturated workers' queues.
