@@ -302,7 +302,7 @@ impl Waiters {
     /// How many futures wait in `role`'s line.
     #[cfg(test)]
     pub(crate) fn waiting(&self, role: Role) -> usize {
-        self.lock()[role as usize].len()
+        self.line_state(role).0
     }
 
     /// How many futures wait in `role`'s line, and how many of them hold a waker. In the

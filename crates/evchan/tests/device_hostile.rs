@@ -182,6 +182,13 @@ fn good_msg(i: u64) -> Bytes {
 }
 
 async fn good_client(addr: SocketAddr) -> Connection {
+    good_connect(addr)
+        .await
+        .unwrap_or_else(|e| panic!("a well-behaved client could not connect: {e}"))
+}
+
+/// A well-behaved client's connect, as it ended.
+async fn good_connect(addr: SocketAddr) -> Result<Connection, Error> {
     step(
         "a good client's connect",
         Connection::builder()
@@ -190,7 +197,6 @@ async fn good_client(addr: SocketAddr) -> Connection {
             .connect(addr),
     )
     .await
-    .unwrap_or_else(|e| panic!("a well-behaved client could not connect: {e}"))
 }
 
 async fn bystander(addr: SocketAddr) -> Bystander {
@@ -264,11 +270,7 @@ async fn fresh_client_served(addr: SocketAddr) {
 async fn fresh_client_served_within(addr: SocketAddr, patience: Duration) {
     let deadline = Instant::now() + patience;
     let mut conn = loop {
-        let connect = Connection::builder()
-            .config(Config::new().shards(2))
-            .private_data(GOOD.to_vec())
-            .connect(addr);
-        match step("a good client's connect", connect).await {
+        match good_connect(addr).await {
             Ok(conn) => break conn,
             Err(Error::Rejected {
                 busy: Some(evchan::Busy::Backlog),

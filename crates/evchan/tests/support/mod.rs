@@ -121,20 +121,20 @@ pub fn rss_kib() -> u64 {
         .unwrap()
 }
 
+/// Where rxe0's hardware counters are.
+const RXE_COUNTERS: &str = "/sys/class/infiniband/rxe0/ports/1/hw_counters";
+
 /// rxe0's hardware counter `name` (e.g. `rcvd_rnr_err`), if the device exposes it.
 pub fn rxe_counter(name: &str) -> Option<u64> {
-    std::fs::read_to_string(format!(
-        "/sys/class/infiniband/rxe0/ports/1/hw_counters/{name}"
-    ))
-    .ok()
-    .and_then(|s| s.trim().parse().ok())
+    std::fs::read_to_string(format!("{RXE_COUNTERS}/{name}"))
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
 }
 
 /// rxe0's hardware counters that are not zero, on one line (for a test that stalled).
 pub fn device_counters() -> String {
-    let dir = "/sys/class/infiniband/rxe0/ports/1/hw_counters";
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return format!("no {dir}\n");
+    let Ok(entries) = std::fs::read_dir(RXE_COUNTERS) else {
+        return format!("no {RXE_COUNTERS}\n");
     };
     let mut counters: Vec<String> = entries
         .flatten()
