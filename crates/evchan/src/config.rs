@@ -195,32 +195,49 @@ impl Config {
         self
     }
 
-    /// A listener's memory budget: its connections' buffers together take at most `bytes`,
-    /// each connection counted at [`buffer_bytes`](Self::buffer_bytes) from the request until
-    /// it is released. A request that would go beyond is rejected at once, as beyond
-    /// [`max_connections`](Self::max_connections), with [`Busy::Memory`](crate::Busy::Memory)
-    /// (`evchan-busy:memory` on the wire) and a `tracing` warning; the listener and its
-    /// connections carry on. Default: no budget. Only a listener's `Config` reads it; a budget
-    /// below one connection's [`buffer_bytes`](Self::buffer_bytes) is a
-    /// [`Error::Config`](crate::Error::Config).
+    /// A listener's memory budget: the slots its connections hold (registered buffers of
+    /// `max_message` bytes, for their receives and sends) count against `bytes` as they are
+    /// taken and given back. A request is admitted when the budget has room for
+    /// [`admission_bytes`](Self::admission_bytes), what a connection holds at first, and
+    /// rejected at once otherwise, as beyond [`max_connections`](Self::max_connections),
+    /// with [`Busy::Memory`](crate::Busy::Memory) (`evchan-busy:memory` on the wire) and a
+    /// `tracing` warning; the listener and its connections carry on. Default: no budget. Only
+    /// a listener's `Config` reads it; a budget below one connection's
+    /// [`admission_bytes`](Self::admission_bytes) is a [`Error::Config`](crate::Error::Config).
     ///
-    /// What it bounds is the registered memory evchan maps for the connections (the receive
-    /// and send slots each may hold at once, taken from its shard's pool), the bulk of a
+    /// An admitted connection takes each slot beyond those when the budget has room for it:
+    /// without room, a receive is not posted (its peer gets no credit for it, and waits), and
+    /// a message or one-sided operation waits for one of the connection's own in flight to
+    /// give its slot back. Where waiting could be for ever a slot is taken beyond the budget:
+    /// a connection keeps its first receives (`recv_initial` + `ctrl_slots`) posted, a message
+    /// goes when none of the connection's is in flight from a slot, and control messages (at
+    /// most `ctrl_slots` in flight) go; so the count may exceed `bytes` by what keeps each
+    /// connection moving, and while it does, connections holding more than their admission
+    /// give slots back as they are done with them. Toward a plain librdmacm peer, which has
+    /// no credits to wait for, every receive is posted. A connection keeps the slots it took
+    /// as spares for its next messages until its keepalive's next look (with
+    /// [`keepalive`](Self::keepalive) off, until it is released), and they count. A
+    /// connection's slots stop counting when it is released (a received message the
+    /// application still holds is its own from then on).
+    ///
+    /// What it bounds is the registered memory evchan maps for the connections, the bulk of a
     /// connection's cost with the defaults; beyond it, a shard's pool maps its slots in
     /// chunks of up to 256 KiB, so the pools may hold up to about one chunk per shard, device
     /// and message size more than their connections' share, and more when the receives that
     /// connections keep posted hold slots of chunks a burst emptied otherwise (and,
     /// for about a second after a burst, the chunks it emptied); not the rest of the process
-    /// (the QP's and CQ's queues, which the provider maps, and evchan's bookkeeping), nor the
-    /// memory of received messages the application still holds.
+    /// (the QP's and CQ's queues, which the provider maps, and evchan's bookkeeping).
     ///
     /// ```
     /// let config = evchan::Config::new();
-    /// // The defaults: 20 receive and 20 send slots of 4 KiB (4 KiB pages).
+    /// // The defaults: a connection is admitted for 10 slots of 4 KiB, and may hold up to
+    /// // 20 receive and 20 send slots.
+    /// assert_eq!(config.admission_bytes(), 40 * 1024);
     /// # #[cfg(target_arch = "x86_64")]
     /// assert_eq!(config.buffer_bytes(), 160 * 1024);
-    /// // Room for 1,000 connections of this configuration's buffers.
-    /// let config = config.clone().memory_budget(1_000 * config.buffer_bytes());
+    /// // 400 MiB for the connections' buffers: 10,000 connections of this configuration
+    /// // at first, and as many as the slots they hold leave room for.
+    /// let config = config.clone().memory_budget(400 << 20);
     /// # drop(config);
     /// ```
     #[must_use]
@@ -232,10 +249,9 @@ impl Config {
     /// The buffer memory one connection of this configuration may hold at most: the receive
     /// slots it may have posted or unread at once (`recv_depth` + `ctrl_slots`) and the send
     /// slots it may have in flight at once (`send_depth` + `ctrl_slots`), all from its
-    /// shard's pool, each of `max_message` bytes, each set rounded up to whole pages. What
-    /// [`memory_budget`](Self::memory_budget) counts per connection (a connection quiet since
-    /// its start holds far less: [`recv_initial`](Self::recv_initial) + `ctrl_slots` receive
-    /// slots).
+    /// shard's pool, each of `max_message` bytes, each set rounded up to whole pages (a
+    /// connection quiet since its start holds far less: [`recv_initial`](Self::recv_initial)
+    /// + `ctrl_slots` receive slots; see [`admission_bytes`](Self::admission_bytes)).
     #[must_use]
     pub fn buffer_bytes(&self) -> u64 {
         let ctrl = u32::from(self.ctrl_slots);
@@ -247,6 +263,23 @@ impl Config {
                 evchan_core::verbs::SlotPool::mapped_bytes(n, size).map_or(u64::MAX, |b| b as u64)
             })
             .fold(0u64, u64::saturating_add)
+    }
+
+    /// What [`memory_budget`](Self::memory_budget) counts for a connection from its request:
+    /// the slots it holds at first and needs to move at all, each of `max_message` bytes —
+    /// its first receives ([`recv_initial`](Self::recv_initial) + `ctrl_slots`), one data
+    /// send and `ctrl_slots` control sends. A connection holding more slots counts each one
+    /// more (at most [`buffer_bytes`](Self::buffer_bytes) in all, but for the pages' rounding).
+    ///
+    /// ```
+    /// let config = evchan::Config::new();
+    /// // The defaults: 1 + 4 receives, 1 + 4 sends, of 4 KiB.
+    /// assert_eq!(config.admission_bytes(), 10 * 4096);
+    /// ```
+    #[must_use]
+    pub fn admission_bytes(&self) -> u64 {
+        let slots = u64::from(self.first_recvs()) + 1 + u64::from(self.ctrl_slots);
+        slots.saturating_mul(u64::from(self.max_message))
     }
 
     /// Busy-poll: a `recv` that finds nothing, and a `send` that finds no credit or send slot
@@ -323,8 +356,8 @@ impl Config {
         if self.max_connections == 0 {
             return bad("max_connections must be at least 1");
         }
-        if self.memory_budget < self.buffer_bytes() {
-            return bad("memory_budget must hold at least one connection's buffer_bytes");
+        if self.memory_budget < self.admission_bytes() {
+            return bad("memory_budget must hold at least one connection's admission_bytes");
         }
         if self.retry_count > 6 {
             return bad("retry_count must be within 0..=6 (rdma_rxe retries 7 forever)");

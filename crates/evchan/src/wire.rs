@@ -51,8 +51,10 @@ use crate::runtime::removal::Removal;
 use crate::runtime::ConnId;
 use crate::wait::{Place, Role, Taken, Waiters};
 
+mod budget;
 mod pool;
 mod remote;
+pub(crate) use budget::{Budget, PathBudget};
 pub(crate) use pool::{trim_all as trim_pools, PoolUser, SharedPool};
 pub(crate) use remote::{Fetch, Fetched, PostBuffer, PostRemote, Poster, RemoteOp};
 
@@ -374,6 +376,12 @@ struct Path {
     /// The RDMA READs and atomics the peer takes at once, as the connection's setup said: 0
     /// refuses them (a READ the peer never answers would hold the send queue).
     reads: u8,
+    /// A listener's connection under `Config::memory_budget`: the slots it holds, counted
+    /// ([`budget`]); until the release.
+    budget: Option<PathBudget>,
+    /// The budget refused a receive the credits asked for: asked again after the next
+    /// completions.
+    recv_starved: bool,
 }
 
 impl Wire {
@@ -421,6 +429,8 @@ impl Wire {
                 remote_news: false,
                 remote_in_flight: 0,
                 reads: 0,
+                budget: None,
+                recv_starved: false,
             }),
             wakers,
             active: AtomicBool::new(false),
@@ -719,6 +729,12 @@ impl Wire {
     // The shard
     // -----------------------------------------------------------------------------------
 
+    /// The connection's slots count in its listener's memory budget from now on (set before
+    /// it opens).
+    pub(crate) fn set_budget(&self, budget: PathBudget) {
+        self.lock().budget = Some(budget);
+    }
+
     /// `ESTABLISHED`: the peer's handshake decided the credits (`None`: a plain peer, whose
     /// receives are then posted up to `plain_recvs`). `reads`: the RDMA READs and atomics the
     /// peer takes at once (0: none).
@@ -811,6 +827,9 @@ impl Wire {
             path.posted_mr.clear();
             path.posted_recv.clear();
             path.remote_in_flight = 0;
+            // What the connection still holds no longer counts (what the application holds is
+            // its own).
+            path.budget = None;
             if let Some((device, qp_num)) = path.qp_key.take() {
                 crate::runtime::qp_events::unregister(&device, qp_num, self);
             }
@@ -937,7 +956,7 @@ impl Wire {
             "{reaped}waiting (futures, not woken) {lines:?}, objects {}, stop {:?}, credits {:?}, plain {:?}, data_room {}, \
              ctrl_room {}, sends_in_flight {}, posted_send {sends:?}, posted_recv {}, \
              received {}, spare {}, fin_wr {:?}, want_fin {}, reader {}, ending {}, \
-             watched {:?}, remote_in_flight {}",
+             watched {:?}, remote_in_flight {}, budget's slots held {:?}, recv_starved {}",
             p.objects.is_some(),
             p.stop,
             p.credits,
@@ -954,6 +973,8 @@ impl Wire {
             p.ending,
             p.watched.as_ref().map(|(id, w)| (id, w.is_dead())),
             p.remote_in_flight,
+            p.budget.as_ref().map(PathBudget::held),
+            p.recv_starved,
         )
     }
 
@@ -974,10 +995,20 @@ impl Wire {
     }
 }
 
+/// What [`Path::try_take_slot`] found.
+enum Take {
+    Got((ChunkMr, Slot)),
+    /// The memory budget has no room for another slot ([`PathBudget::take`]).
+    Refused,
+    /// The pool could not make one.
+    Failed(Error),
+}
+
 /// How posting one message went.
 enum Posted {
     Yes,
-    /// The send queue is full: wait for a completion.
+    /// The send queue is full, or the memory budget has no room for a slot: wait for a
+    /// completion.
     QueueFull,
     /// The post failed: the connection is lost (the caller sees why).
     Failed,
@@ -1062,8 +1093,9 @@ impl Path {
     fn post_data(&mut self, data: &[u8]) -> Posted {
         debug_assert!(self.data_room > 0, "checked by can_send");
         // (Without objects, no slot: the connection has stopped.)
-        let Some((mr, mut slot)) = self.take_slot() else {
-            return Posted::Failed;
+        let (mr, mut slot) = match self.take_slot(Wr::Data) {
+            Ok(taken) => taken,
+            Err(wait_or_failed) => return wait_or_failed,
         };
         if let Err(e) = slot.copy_from(data) {
             self.put_slot(mr, slot);
@@ -1145,7 +1177,7 @@ impl Path {
         if self.objects.is_none() || self.ctrl_room == 0 {
             return None;
         }
-        let (mr, slot) = self.take_slot()?;
+        let (mr, slot) = self.take_slot(Wr::Ctrl).ok()?;
         let objects = self.objects.as_ref()?;
         match objects.qp.post_send_slot(mr.mr(), slot, Some(imm)) {
             Ok(p) => {
@@ -1263,14 +1295,31 @@ impl Path {
             }
             (None, None) => 0,
         };
+        self.recv_starved = false;
         for _ in 0..wanted {
+            // Below the first receives posted, a slot is taken beyond the memory budget (else
+            // a peer could be left without a grant, and this side without a message to wake
+            // it); each arrival tops up again. Toward a plain peer (no credits: it sends when
+            // it likes), always.
+            let floor = self.credits.is_none()
+                || self
+                    .budget
+                    .as_ref()
+                    .is_some_and(|b| self.posted_recv.len() < b.first_recvs() as usize);
             // A pool that cannot grow (the memory lock limit, say) grants nothing more for now
-            // (safe: the peer waits), and the keepalive's look tries again.
-            let Some(Ok((mr, slot))) = self
-                .try_take_slot()
-                .map(|t| t.inspect_err(|e| tracing::debug!("no receive slot for now: {e}")))
-            else {
-                return;
+            // (safe: the peer waits), and the keepalive's look tries again; a budget without
+            // room, the next completions.
+            let (mr, slot) = match self.try_take_slot(floor) {
+                Some(Take::Got(taken)) => taken,
+                Some(Take::Refused) => {
+                    self.recv_starved = true;
+                    return;
+                }
+                Some(Take::Failed(e)) => {
+                    tracing::debug!("no receive slot for now: {e}");
+                    return;
+                }
+                None => return,
             };
             if !self.post_recv(mr, slot) {
                 return;
@@ -1332,6 +1381,9 @@ impl Path {
         // failed work request of ours to say why (a failed one in the same batch said it).
         if std::mem::take(&mut self.flushed) && !self.ending {
             self.lose(Lost::QpError { event: None });
+        }
+        if self.recv_starved {
+            self.top_up();
         }
         self.flush_ctrl();
     }
@@ -1480,31 +1532,60 @@ impl Path {
         self.on_status(kind == Wr::Recv, wc);
     }
 
-    /// A slot for a post (a send or a receive): a spare one, else one from the shard's pool;
-    /// `None` (and the connection lost) when the pool could not make one, or without objects.
-    fn take_slot(&mut self) -> Option<(ChunkMr, Slot)> {
-        match self.try_take_slot()? {
-            Ok(t) => Some(t),
-            Err(e) => {
+    /// A slot for a post of `kind` (a message, a one-sided operation, a control message): a
+    /// spare one, else one from the shard's pool; [`Posted::QueueFull`] when the memory
+    /// budget has no room for a message's or one-sided operation's and one of the
+    /// connection's is in flight from a slot (its completion brings the slot back),
+    /// [`Posted::Failed`] (and the connection lost) when the pool could not make one, or
+    /// without objects. A control message's is taken beyond the budget if need be (a few, in
+    /// `ctrl_slots`: a credit update refused could keep the peer waiting until somebody reaps).
+    fn take_slot(&mut self, kind: Wr) -> std::result::Result<(ChunkMr, Slot), Posted> {
+        // With no data slot in flight nothing would bring one back: taken beyond the budget.
+        let floor = kind == Wr::Ctrl
+            || (self.budget.is_some()
+                && !self
+                    .posted_send
+                    .iter()
+                    .any(|(_, w, _)| matches!(w, Wr::Data | Wr::Remote)));
+        match self.try_take_slot(floor) {
+            Some(Take::Got(t)) => Ok(t),
+            Some(Take::Refused) => Err(Posted::QueueFull),
+            Some(Take::Failed(e)) => {
                 self.lose(Lost::Verbs(format!("no slot: {e}")));
-                None
+                Err(Posted::Failed)
             }
+            None => Err(Posted::Failed),
         }
     }
 
-    /// A spare slot, else one from the shard's pool (its error when the pool could not make
-    /// one); `None` without objects.
-    fn try_take_slot(&mut self) -> Option<Result<(ChunkMr, Slot)>> {
+    /// A spare slot, else one from the shard's pool when the memory budget allows (or
+    /// `floor`: [`PathBudget::take`]); `None` without objects.
+    fn try_take_slot(&mut self, floor: bool) -> Option<Take> {
         if let Some(spare) = self.spare.pop() {
-            return Some(Ok(spare));
+            return Some(Take::Got(spare));
         }
-        Some(self.objects.as_ref()?.pool.pool().take())
+        let objects = self.objects.as_ref()?;
+        if let Some(budget) = self.budget.as_mut() {
+            if !budget.take(floor) {
+                return Some(Take::Refused);
+            }
+        }
+        Some(match objects.pool.pool().take() {
+            Ok(taken) => Take::Got(taken),
+            Err(e) => {
+                if let Some(budget) = self.budget.as_mut() {
+                    budget.give();
+                }
+                Take::Failed(e)
+            }
+        })
     }
 
     /// A slot back, kept as a spare (given back to the pool once the objects are gone: the
-    /// release gave the spares back already).
+    /// release gave the spares back already; or while the memory budget is spent beyond what
+    /// it has room for and this connection holds more than its admission).
     fn put_slot(&mut self, mr: ChunkMr, mut slot: Slot) {
-        if self.objects.is_some() {
+        if self.objects.is_some() && !self.budget.as_ref().is_some_and(PathBudget::overdrawn) {
             let _ = slot.set_len(0);
             self.spare.push((mr, slot));
         } else {
@@ -1513,7 +1594,10 @@ impl Path {
     }
 
     /// A slot back to the shard's pool (dropped, its bytes with it, when the pool is gone).
-    fn give_to_pool(&self, slot: Slot) {
+    fn give_to_pool(&mut self, slot: Slot) {
+        if let Some(budget) = self.budget.as_mut() {
+            budget.give();
+        }
         if let Some(pool) = self.pool.upgrade() {
             pool.give(slot);
         }

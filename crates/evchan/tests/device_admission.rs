@@ -52,9 +52,133 @@ async fn memory_budget_rejects_typed_and_the_rest_carry_on() {
     require_device!();
     // Room for two connections' buffers and a half: the third does not fit.
     let config = Config::new();
-    let budget = config.buffer_bytes() * 5 / 2;
+    let budget = config.admission_bytes() * 5 / 2;
     let config = config.memory_budget(budget);
     two_admitted_then_busy(port(3), config, Busy::Memory, b"evchan-busy:memory").await;
+}
+
+/// The slots a connection's data path holds against its listener's memory budget, as its
+/// probe says (`None` without a budget).
+fn budget_held(conn: &Connection) -> Option<u32> {
+    let state = conn.__probe().state(false);
+    let tail = state.split("budget's slots held ").nth(1)?;
+    tail.strip_prefix("Some(")?.split(')').next()?.parse().ok()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_at_a_full_memory_budget_keeps_moving() {
+    require_device!();
+    let config = Config::new();
+    let slot = u64::from(config.max_message_size());
+    let admitted = u32::try_from(config.admission_bytes() / slot).unwrap();
+    // Room for one connection's admission and not a slot more: the server's connection takes
+    // no slot beyond its admission's but for the floors (its first receives posted, a send
+    // when none of its own is in flight).
+    let tight = config.clone().memory_budget(config.admission_bytes());
+    let tight = deep_echo(port(4), tight, true).await;
+    // The same with a budget that never runs out: what the connection holds unbounded.
+    let loose = config.clone().memory_budget(u64::MAX - 1);
+    let loose = deep_echo(port(5), loose, false).await;
+    eprintln!(
+        "slots the server's connection held at most: {tight} at a full budget, {loose} \
+         without one (admitted for {admitted})"
+    );
+    assert!(
+        tight < loose,
+        "the budget bounded the connection: {tight} against {loose}"
+    );
+    // Beyond its admission, only the floors: its first receives and a send.
+    let first = 1 + 4; // The defaults: `recv_initial` 1 and `ctrl_slots` 4.
+    assert!(tight <= admitted + first + 1, "{tight} slots held");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn at_a_full_memory_budget_a_reader_may_hold_messages() {
+    require_device!();
+    // The server's connection holds 12 received messages (more than its first receives, fewer
+    // than its credits' window) before it echoes them, at a budget with room for its
+    // admission only and with no keepalive (whose look would post the receives refused
+    // before): its first receives stay posted, so the peer always has a credit, and nothing
+    // waits for ever.
+    const HELD: usize = 12;
+    let config = Config::new().keepalive(None);
+    let config = config.clone().memory_budget(config.admission_bytes());
+    let addr = v4(port(6));
+    let listener = step("bind", Listener::bind(addr, config)).await.unwrap();
+    let server = tokio::spawn(async move {
+        let incoming = listener.accept().await.unwrap();
+        let mut conn = incoming.accept(b"").await.unwrap();
+        loop {
+            let mut held = Vec::with_capacity(HELD);
+            while held.len() < HELD {
+                match conn.recv().await.unwrap() {
+                    Some(m) => held.push(m),
+                    None => return,
+                }
+            }
+            for m in held {
+                conn.send(m).await.unwrap();
+            }
+        }
+    });
+    let mut conn = step("connect", Connection::connect(addr)).await.unwrap();
+    for round in 0..3u8 {
+        for i in 0..HELD as u8 {
+            step("send", conn.send([round, i])).await.unwrap();
+        }
+        for i in 0..HELD as u8 {
+            let m = step("echo", conn.recv()).await.unwrap().expect("an echo");
+            assert_eq!(&m[..], [round, i]);
+        }
+    }
+    step("close", conn.close()).await.unwrap();
+    step("server", server).await.unwrap();
+}
+
+/// An echo server on `port` with `config`, whose one connection carries 2,000 messages of 4
+/// KiB both ways, the client's sender as far ahead as its credits let it (a second connection
+/// is refused as over the memory budget when `full`): the most slots the server's connection
+/// held against the budget.
+async fn deep_echo(port: u16, config: Config, full: bool) -> u32 {
+    const N: u32 = 2_000;
+    let addr = v4(port);
+    let listener = step("bind", Listener::bind(addr, config)).await.unwrap();
+    let server = tokio::spawn(async move {
+        let incoming = listener.accept().await.unwrap();
+        let mut conn = incoming.accept(b"").await.unwrap();
+        let mut most = 0;
+        while let Some(m) = conn.recv().await.unwrap() {
+            conn.send(m).await.unwrap();
+            most = most.max(budget_held(&conn).expect("a listener's connection under a budget"));
+        }
+        conn.close().await.unwrap();
+        drop(listener);
+        most
+    });
+    let conn = step("connect", Connection::connect(addr)).await.unwrap();
+    if full {
+        let e = step("connect a second", Connection::connect(addr))
+            .await
+            .expect_err("no room for a second connection");
+        assert_busy(&e, Busy::Memory, b"evchan-busy:memory");
+    }
+    let (tx, mut rx) = conn.split();
+    let sender = tokio::spawn(async move {
+        for i in 0..N {
+            let mut m = vec![0u8; 4096];
+            m[..4].copy_from_slice(&i.to_le_bytes());
+            tx.send(m).await.unwrap();
+        }
+        tx
+    });
+    for i in 0..N {
+        let m = step("echo", rx.recv()).await.unwrap().expect("an echo");
+        assert_eq!(m.len(), 4096);
+        assert_eq!(m[..4], i.to_le_bytes(), "echoes in order");
+    }
+    drop(step("sender", sender).await.unwrap());
+    assert!(step("end", rx.recv()).await.unwrap().is_none());
+    step("server", server).await.unwrap()
 }
 
 /// A listener on `port` with `config`, which admits two connections: a third and a fourth are

@@ -9,7 +9,8 @@
 //! The same counter bounds a listener's connections (`Config::max_connections`): a ticket
 //! taken at the request and held by the connection until it is released; and, with weighted
 //! tickets, their buffers (`Config::memory_budget`): each connection's ticket weighs its
-//! buffer bytes.
+//! `Config::admission_bytes`, and its data path counts the slots it holds beyond them in the
+//! same count ([`crate::wire::PathBudget`]).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -58,6 +59,17 @@ impl HalfOpenLimit {
     #[cfg(test)]
     pub(super) fn taken(&self) -> u64 {
         self.taken.load(Ordering::Acquire)
+    }
+}
+
+impl HalfOpen {
+    /// The count this ticket is part of, as the budget `max` (`Config::memory_budget`) that
+    /// a connection's data path spends beyond its ticket ([`crate::wire::PathBudget`]).
+    pub(super) fn budget(&self, max: u64) -> crate::wire::Budget {
+        crate::wire::Budget {
+            taken: Arc::clone(&self.taken),
+            max,
+        }
     }
 }
 

@@ -13,7 +13,7 @@ use evchan_core::verbs::{
     Slot, SlotPool, SlotPostError, WcStatus, WorkCompletion,
 };
 
-use super::{post_failed, Path, Spun, Wait, Wire, Wr};
+use super::{post_failed, Path, Posted, Spun, Wait, Wire, Wr};
 use crate::cm_map;
 use crate::error::{Error, Lost, Result};
 use crate::wait::Role;
@@ -139,8 +139,11 @@ impl Path {
             Poster::Buffer(post) => return self.post_remote_buffer(op, post),
             Poster::Posted => unreachable!("a posted operation is not posted again"),
         };
-        let Some((mr, slot)) = self.take_slot() else {
-            return Err(self.ended());
+        let (mr, slot) = match self.take_slot(Wr::Remote) {
+            Ok(taken) => taken,
+            // The memory budget's room: a completion of this connection's brings a slot back.
+            Err(Posted::QueueFull) => return Ok(None),
+            Err(_) => return Err(self.ended()),
         };
         let Some(objects) = &self.objects else {
             unreachable!("checked above, and only the shard's release takes them");

@@ -253,11 +253,11 @@ impl<'s> Shard<'s> {
             let _ = id.reject(&crate::Busy::Connections.private_data());
             return;
         };
-        let Some(memory) = l.memory.take_weighted(l.config.buffer_bytes()) else {
+        let Some(memory) = l.memory.take_weighted(l.config.admission_bytes()) else {
             if !std::mem::replace(&mut l.full[1], true) {
                 tracing::warn!(
                     memory_budget = l.config.memory_budget,
-                    buffer_bytes = l.config.buffer_bytes(),
+                    admission_bytes = l.config.admission_bytes(),
                     "the listener's connections hold its memory budget: requests are rejected \
                      (evchan-busy:memory) until one is released"
                 );
