@@ -74,14 +74,12 @@ async fn a_connection_at_a_full_memory_budget_keeps_moving() {
     // Room for one connection's admission and not a slot more: the server's connection takes
     // no slot beyond its admission's but for the floors (its first receives posted, a send
     // when none of its own is in flight).
-    let tight = config.clone().memory_budget(config.admission_bytes());
-    let tight = deep_echo(port(4), tight, true).await;
-    // The same with a budget that never runs out: what the connection holds unbounded.
-    let loose = config.clone().memory_budget(u64::MAX - 1);
-    let loose = deep_echo(port(5), loose, false).await;
+    let tight = deep_echo(port(4), 1).await;
+    // Room for four admissions: more than the connection takes when nothing stops it.
+    let loose = deep_echo(port(5), 4).await;
     eprintln!(
         "slots the server's connection held at most: {tight} at a full budget, {loose} \
-         without one (admitted for {admitted})"
+         with room (admitted for {admitted})"
     );
     assert!(
         tight < loose,
@@ -135,14 +133,19 @@ async fn at_a_full_memory_budget_a_reader_may_hold_messages() {
     step("server", server).await.unwrap();
 }
 
-/// An echo server on `port` with `config`, whose one connection carries 2,000 messages of 4
-/// KiB both ways, the client's sender as far ahead as its credits let it (a second connection
-/// is refused as over the memory budget when `full`): the most slots the server's connection
-/// held against the budget.
-async fn deep_echo(port: u16, config: Config, full: bool) -> u32 {
+/// An echo server on `port` with a memory budget of `k` connections' admissions, whose first
+/// connection carries 2,000 messages of 4 KiB both ways, the client's sender as far ahead as
+/// its credits let it (a second connection is refused as over the budget when `k` is 1), then
+/// closes. Once it is released, `k` connections at once are admitted, and one more is
+/// refused: the count came back to where it was, every slot the first took beyond its
+/// admission given back. The most slots the first held against the budget.
+async fn deep_echo(port: u16, k: u64) -> u32 {
     const N: u32 = 2_000;
+    let config = Config::new();
+    let config = config.clone().memory_budget(k * config.admission_bytes());
     let addr = v4(port);
     let listener = step("bind", Listener::bind(addr, config)).await.unwrap();
+    let (most_tx, most_rx) = tokio::sync::oneshot::channel();
     let server = tokio::spawn(async move {
         let incoming = listener.accept().await.unwrap();
         let mut conn = incoming.accept(b"").await.unwrap();
@@ -152,11 +155,19 @@ async fn deep_echo(port: u16, config: Config, full: bool) -> u32 {
             most = most.max(budget_held(&conn).expect("a listener's connection under a budget"));
         }
         conn.close().await.unwrap();
-        drop(listener);
-        most
+        let _ = most_tx.send(most);
+        while let Ok(incoming) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut conn = incoming.accept(b"").await?;
+                while let Some(m) = conn.recv().await? {
+                    conn.send(m).await?;
+                }
+                Ok::<_, Error>(())
+            });
+        }
     });
     let conn = step("connect", Connection::connect(addr)).await.unwrap();
-    if full {
+    if k == 1 {
         let e = step("connect a second", Connection::connect(addr))
             .await
             .expect_err("no room for a second connection");
@@ -178,7 +189,36 @@ async fn deep_echo(port: u16, config: Config, full: bool) -> u32 {
     }
     drop(step("sender", sender).await.unwrap());
     assert!(step("end", rx.recv()).await.unwrap().is_none());
-    step("server", server).await.unwrap()
+    let most = step("the first's most", most_rx).await.unwrap();
+
+    // The release ends on the server's shard after the disconnect: retried for a bounded
+    // while.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut next = Vec::new();
+    while next.len() < k as usize {
+        match Connection::connect(addr).await {
+            Ok(c) => next.push(c),
+            Err(Error::Rejected {
+                busy: Some(Busy::Memory),
+                ..
+            }) if Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(e) => panic!("connection {} after the first's release: {e}", next.len()),
+        }
+    }
+    for c in &mut next {
+        echo(c, "admitted after the first's release").await;
+    }
+    let e = step("connect one more", Connection::connect(addr))
+        .await
+        .expect_err("the budget is full again");
+    assert_busy(&e, Busy::Memory, b"evchan-busy:memory");
+    for c in next {
+        step("close", c.close()).await.unwrap();
+    }
+    server.abort();
+    most
 }
 
 /// A listener on `port` with `config`, which admits two connections: a third and a fourth are
