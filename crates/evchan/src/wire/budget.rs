@@ -185,6 +185,74 @@ mod tests {
         assert_eq!(taken(&b), 0);
     }
 
+    /// One step of [`counts_stay_exact`]: connection `i` takes a slot (at a floor or not),
+    /// gives one back, or is released.
+    #[derive(Debug, Clone)]
+    enum Op {
+        Take(usize, bool),
+        Give(usize),
+        Release(usize),
+    }
+
+    fn op() -> impl proptest::strategy::Strategy<Value = Op> {
+        use proptest::prelude::*;
+        prop_oneof![
+            4 => (0usize..4, proptest::bool::weighted(0.2)).prop_map(|(i, f)| Op::Take(i, f)),
+            3 => (0usize..4).prop_map(Op::Give),
+            1 => (0usize..4).prop_map(Op::Release),
+        ]
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(256))]
+
+        /// Any sequence of takes, gives and releases over four connections of one listener:
+        /// the count is always the sum of what each holds beyond its reserve; a take without
+        /// a floor never takes it beyond the budget; a refused take changes nothing; and once
+        /// every connection is released the count is back at zero.
+        #[test]
+        fn counts_stay_exact(
+            max in 0u64..40,
+            reserves in proptest::collection::vec((0u32..4, 0u32..4), 4),
+            ops in proptest::collection::vec(op(), 0..200),
+        ) {
+            let b = budget(max);
+            let mut paths: Vec<Option<PathBudget>> = reserves
+                .iter()
+                .map(|&(first, more)| Some(PathBudget::new(b.clone(), 2, first, first + more)))
+                .collect();
+            let beyond = |p: &PathBudget| u64::from(p.held.saturating_sub(p.reserve)) * p.size;
+            for op in ops {
+                let before = taken(&b);
+                match op {
+                    Op::Take(i, floor) => {
+                        if let Some(p) = paths[i].as_mut() {
+                            let held = p.held;
+                            let took = p.take(floor);
+                            if took && !floor && held >= p.reserve {
+                                proptest::prop_assert!(taken(&b) <= max, "beyond the budget");
+                            }
+                            if !took {
+                                proptest::prop_assert_eq!(p.held, held);
+                                proptest::prop_assert_eq!(taken(&b), before);
+                            }
+                        }
+                    }
+                    Op::Give(i) => {
+                        if let Some(p) = paths[i].as_mut().filter(|p| p.held > 0) {
+                            p.give();
+                        }
+                    }
+                    Op::Release(i) => drop(paths[i].take()),
+                }
+                let sum: u64 = paths.iter().flatten().map(beyond).sum();
+                proptest::prop_assert_eq!(taken(&b), sum);
+            }
+            paths.clear();
+            proptest::prop_assert_eq!(taken(&b), 0);
+        }
+    }
+
     #[test]
     fn held_beyond_the_reserve_at_the_start_is_charged() {
         let b = budget(u64::MAX);
