@@ -198,27 +198,30 @@ impl Config {
     /// A listener's memory budget: the slots its connections hold (registered buffers of
     /// `max_message` bytes, for their receives and sends) count against `bytes` as they are
     /// taken and given back. A request is admitted when the budget has room for
-    /// [`admission_bytes`](Self::admission_bytes), what a connection holds at first, and
+    /// [`admission_bytes`](Self::admission_bytes), what a connection needs to move at all, and
     /// rejected at once otherwise, as beyond [`max_connections`](Self::max_connections),
     /// with [`Busy::Memory`](crate::Busy::Memory) (`evchan-busy:memory` on the wire) and a
     /// `tracing` warning; the listener and its connections carry on. Default: no budget. Only
     /// a listener's `Config` reads it; a budget below one connection's
     /// [`admission_bytes`](Self::admission_bytes) is a [`Error::Config`](crate::Error::Config).
     ///
-    /// An admitted connection takes each slot beyond those when the budget has room for it:
-    /// without room, a receive is not posted (its peer gets no credit for it, and waits), and
-    /// a message or one-sided operation waits for one of the connection's own in flight to
-    /// give its slot back. Where waiting could be for ever a slot is taken beyond the budget:
-    /// a connection keeps its first receives (`recv_initial` + `ctrl_slots`) posted, a message
-    /// goes when none of the connection's is in flight from a slot, and control messages (at
-    /// most `ctrl_slots` in flight) go; so the count may exceed `bytes` by what keeps each
-    /// connection moving, and while it does, connections holding more than their admission
-    /// give slots back as they are done with them. Toward a plain librdmacm peer, which has
-    /// no credits to wait for, every receive is posted. A connection keeps the slots it took
-    /// as spares for its next messages until its keepalive's next look (with
-    /// [`keepalive`](Self::keepalive) off, until it is released), and they count. A
-    /// connection's slots stop counting when it is released (a received message the
-    /// application still holds is its own from then on).
+    /// An admitted connection takes a slot beyond those when the budget has room for it:
+    /// otherwise a receive is not posted (its peer gets no credit for it, and waits), and a
+    /// message or one-sided operation waits for one of the connection's own in flight to give
+    /// its slot back. Where waiting could be for ever a slot is taken beyond the budget: a
+    /// connection keeps its first receives (`recv_initial` + `ctrl_slots`) posted, so the
+    /// received messages its application has not read or still holds (each is its receive
+    /// slot) are bounded by the credits ([`recv_depth`](Self::recv_depth)), not the budget; a
+    /// message goes when none of the connection's is in flight from a slot; control messages
+    /// (at most `ctrl_slots` in flight) go. With those alone a connection may hold up to
+    /// `recv_depth` + 2 × `ctrl_slots` + 1 slots (25 with the defaults, against its admission
+    /// of 10), and the count may exceed `bytes` by that; while it does, connections holding
+    /// more than their admission give slots back as they are done with them. Toward a plain
+    /// librdmacm peer, which has no credits to wait for, every receive is posted. A
+    /// connection keeps the slots it took as spares for its next messages until its
+    /// keepalive's next look (toward a plain peer or with [`keepalive`](Self::keepalive) off,
+    /// until it is released), and they count. A connection's slots stop counting when it is
+    /// released (a received message the application still holds is its own from then on).
     ///
     /// What it bounds is the registered memory evchan maps for the connections, the bulk of a
     /// connection's cost with the defaults; beyond it, a shard's pool maps its slots in
@@ -266,7 +269,8 @@ impl Config {
     }
 
     /// What [`memory_budget`](Self::memory_budget) counts for a connection from its request:
-    /// the slots it holds at first and needs to move at all, each of `max_message` bytes —
+    /// the slots it needs to move at all, each of `max_message` bytes (it holds the receives
+    /// at first) —
     /// its first receives ([`recv_initial`](Self::recv_initial) + `ctrl_slots`), one data
     /// send and `ctrl_slots` control sends. A connection holding more slots counts each one
     /// more (at most [`buffer_bytes`](Self::buffer_bytes) in all, but for the pages' rounding).
