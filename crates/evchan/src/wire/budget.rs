@@ -207,19 +207,22 @@ mod tests {
         #![proptest_config(proptest::prelude::ProptestConfig::with_cases(256))]
 
         /// Any sequence of takes, gives and releases over four connections of one listener:
-        /// the count is always the sum of what each holds beyond its reserve; a take without
-        /// a floor never takes it beyond the budget; a refused take changes nothing; and once
-        /// every connection is released the count is back at zero.
+        /// the count is always the sum of what each holds beyond its reserve; a take succeeds
+        /// exactly when it fits (within the reserve, in the budget's room, or at a floor), and
+        /// without a floor never takes the count beyond the budget; a refused take changes
+        /// nothing; a connection is overdrawn exactly when it holds beyond its reserve while
+        /// the count is beyond the budget; and once every connection is released the count is
+        /// back at zero.
         #[test]
         fn counts_stay_exact(
             max in 0u64..40,
-            reserves in proptest::collection::vec((0u32..4, 0u32..4), 4),
+            reserves in proptest::collection::vec((0u32..4, 0u32..6), 4),
             ops in proptest::collection::vec(op(), 0..200),
         ) {
             let b = budget(max);
             let mut paths: Vec<Option<PathBudget>> = reserves
                 .iter()
-                .map(|&(first, more)| Some(PathBudget::new(b.clone(), 2, first, first + more)))
+                .map(|&(first, reserve)| Some(PathBudget::new(b.clone(), 2, first, reserve)))
                 .collect();
             let beyond = |p: &PathBudget| u64::from(p.held.saturating_sub(p.reserve)) * p.size;
             for op in ops {
@@ -228,7 +231,11 @@ mod tests {
                     Op::Take(i, floor) => {
                         if let Some(p) = paths[i].as_mut() {
                             let held = p.held;
+                            // Taken whenever it fits: within the reserve, in the budget's
+                            // room, or at a floor.
+                            let fits = held < p.reserve || before + p.size <= max || floor;
                             let took = p.take(floor);
+                            proptest::prop_assert_eq!(took, fits);
                             if took && !floor && held >= p.reserve {
                                 proptest::prop_assert!(taken(&b) <= max, "beyond the budget");
                             }
@@ -247,6 +254,9 @@ mod tests {
                 }
                 let sum: u64 = paths.iter().flatten().map(beyond).sum();
                 proptest::prop_assert_eq!(taken(&b), sum);
+                for p in paths.iter().flatten() {
+                    proptest::prop_assert_eq!(p.overdrawn(), p.held > p.reserve && sum > max);
+                }
             }
             paths.clear();
             proptest::prop_assert_eq!(taken(&b), 0);
