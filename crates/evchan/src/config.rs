@@ -282,8 +282,14 @@ impl Config {
     /// ```
     #[must_use]
     pub fn admission_bytes(&self) -> u64 {
-        let slots = u64::from(self.first_recvs()) + 1 + u64::from(self.ctrl_slots);
-        slots.saturating_mul(u64::from(self.max_message))
+        u64::from(self.admission_slots()).saturating_mul(u64::from(self.max_message))
+    }
+
+    /// The slots [`admission_bytes`](Self::admission_bytes) counts.
+    pub(crate) fn admission_slots(&self) -> u32 {
+        self.first_recvs()
+            .saturating_add(1)
+            .saturating_add(u32::from(self.ctrl_slots))
     }
 
     /// Busy-poll: a `recv` that finds nothing, and a `send` that finds no credit or send slot

@@ -5,6 +5,7 @@
 #[macro_use]
 mod support;
 
+use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use evchan::{Busy, Config, Connection, Error, Listener};
@@ -197,16 +198,7 @@ async fn deep_echo(port: u16, k: u64) -> u32 {
     let deadline = Instant::now() + Duration::from_secs(20);
     let mut next = Vec::new();
     while next.len() < k as usize {
-        match Connection::connect(addr).await {
-            Ok(c) => next.push(c),
-            Err(Error::Rejected {
-                busy: Some(Busy::Memory),
-                ..
-            }) if Instant::now() < deadline => {
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-            Err(e) => panic!("connection {} after the first's release: {e}", next.len()),
-        }
+        next.push(admitted_after_release(addr, Busy::Memory, deadline).await);
     }
     for c in &mut next {
         echo(c, "admitted after the first's release").await;
@@ -246,9 +238,20 @@ async fn two_admitted_then_busy(port: u16, config: Config, cause: Busy, wire: &[
     // after the disconnect: retried for a bounded while).
     step("close a", a.close()).await.unwrap();
     let deadline = Instant::now() + Duration::from_secs(20);
-    let mut c = loop {
+    let mut c = admitted_after_release(addr, cause, deadline).await;
+    echo(&mut c, "c is admitted after a's release").await;
+    echo(&mut b, "b echoes on").await;
+    step("close b", b.close()).await.unwrap();
+    step("close c", c.close()).await.unwrap();
+    server.abort();
+}
+
+/// A connection to `addr`, retried while the server refuses it as busy for `cause` until
+/// `deadline` (a release ends on the server's shard after the disconnect).
+async fn admitted_after_release(addr: SocketAddr, cause: Busy, deadline: Instant) -> Connection {
+    loop {
         match Connection::connect(addr).await {
-            Ok(c) => break c,
+            Ok(c) => return c,
             Err(Error::Rejected { busy: Some(b), .. })
                 if b == cause && Instant::now() < deadline =>
             {
@@ -256,12 +259,7 @@ async fn two_admitted_then_busy(port: u16, config: Config, cause: Busy, wire: &[
             }
             Err(e) => panic!("a connection after a release: {e}"),
         }
-    };
-    echo(&mut c, "c is admitted after a's release").await;
-    echo(&mut b, "b echoes on").await;
-    step("close b", b.close()).await.unwrap();
-    step("close c", c.close()).await.unwrap();
-    server.abort();
+    }
 }
 
 /// Set in the child process that plays the server of

@@ -74,11 +74,13 @@ impl PathBudget {
             held: first_recvs,
             first_recvs,
         };
-        if b.held > b.reserve {
-            b.budget
-                .charge(u64::from(b.held - b.reserve) * b.size, true);
-        }
+        b.budget.charge(b.beyond(), true);
         b
+    }
+
+    /// What the slots held beyond the reserve count for.
+    fn beyond(&self) -> u64 {
+        u64::from(self.held.saturating_sub(self.reserve)) * self.size
     }
 
     /// One slot more from the pool: within the reserve, or charged when the budget has room,
@@ -125,10 +127,7 @@ impl Drop for PathBudget {
     /// The connection's slots beyond its reserve no longer count (the release gave them back,
     /// or the application holds them, outside the budget).
     fn drop(&mut self) {
-        if self.held > self.reserve {
-            self.budget
-                .refund(u64::from(self.held - self.reserve) * self.size);
-        }
+        self.budget.refund(self.beyond());
     }
 }
 
@@ -224,7 +223,6 @@ mod tests {
                 .iter()
                 .map(|&(first, reserve)| Some(PathBudget::new(b.clone(), 2, first, reserve)))
                 .collect();
-            let beyond = |p: &PathBudget| u64::from(p.held.saturating_sub(p.reserve)) * p.size;
             for op in ops {
                 let before = taken(&b);
                 match op {
@@ -252,7 +250,7 @@ mod tests {
                     }
                     Op::Release(i) => drop(paths[i].take()),
                 }
-                let sum: u64 = paths.iter().flatten().map(beyond).sum();
+                let sum: u64 = paths.iter().flatten().map(PathBudget::beyond).sum();
                 proptest::prop_assert_eq!(taken(&b), sum);
                 for p in paths.iter().flatten() {
                     proptest::prop_assert_eq!(p.overdrawn(), p.held > p.reserve && sum > max);

@@ -283,12 +283,11 @@ impl<'s> Shard<'s> {
         // A listener's connection under a memory budget counts the slots it holds beyond its
         // admission ticket (the first receives are in it).
         if let (Some([_, memory]), true) = (&c.live, config.memory_budget != u64::MAX) {
-            let reserve = config.admission_bytes() / u64::from(config.max_message);
             wire.set_budget(crate::wire::PathBudget::new(
                 memory.budget(config.memory_budget),
                 u64::from(config.max_message),
                 config.first_recvs(),
-                u32::try_from(reserve).unwrap_or(u32::MAX),
+                config.admission_slots(),
             ));
         }
         wire.route_qp_events(&name);
