@@ -27,7 +27,8 @@
 //!   `@tools scale-client asked=N opened=M busy=B failed=F stopped=0|1 setup_s= rate_per_s=
 //!   close_s= rss_before_kib= rss_open_kib= rss_after_kib= heap_after_kib= anon_huge_after_kib=
 //!   fds_before= fds_open= fds_after=`
-//!   (before: after one connection opened and closed, which starts evchan's runtime; `busy`: typed busy rejects, by cause in `busy_causes=`),
+//!   (before: after one connection opened and closed, which starts evchan's runtime, and that
+//!   runtime's threads ended; `busy`: typed busy rejects, by cause in `busy_causes=`),
 //!   and its own `scale-sample side=client` lines while opening.
 //! - `--ask cmtime`: the server (re)starts `cmtime -b` on its address, and answers once that
 //!   listens, so the client's next `cmtime -s` finds a fresh server (cmtime 44's server
@@ -158,6 +159,25 @@ fn fds() -> usize {
     std::fs::read_dir("/proc/self/fd")
         .map(|d| d.count().saturating_sub(1))
         .unwrap_or_else(|e| fail(PROGRAM, format!("/proc/self/fd: {e}")))
+}
+
+/// Waits (at most 10 s) until no thread of evchan's runtime is left: it ends once its last
+/// connection is gone, and frees what it held as it does.
+async fn runtime_gone() {
+    let evchan_threads = || {
+        std::fs::read_dir("/proc/self/task").map_or(0, |d| {
+            d.filter_map(Result::ok)
+                .filter(|t| {
+                    std::fs::read_to_string(t.path().join("comm"))
+                        .is_ok_and(|c| c.starts_with("evchan-"))
+                })
+                .count()
+        })
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while evchan_threads() > 0 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 /// Memory and descriptors over a burst, sampled.
@@ -378,6 +398,7 @@ async fn client(addr: SocketAddr, a: &Args) -> Result<(), Error> {
     // One connection first, closed: the runtime's own cost (its threads, the device's
     // context) is then in the figures from before the burst.
     one(addr, deadline).await?.close().await?;
+    runtime_gone().await;
     let (rss_before, fds_before) = (rss_kib(), fds());
     let start = Instant::now();
     let mut tasks = tokio::task::JoinSet::new();

@@ -100,6 +100,9 @@ pub(crate) enum Cmd {
     },
     /// A device was removed: the shard fails everything it has and ends (see `removal`).
     DeviceRemoved,
+    /// The runtime thread trimmed the allocator: the shard gives its thread's malloc arena's
+    /// free top back too (`trim::nudge_arena`).
+    NudgeArena,
 }
 
 /// [`Cmd::Connect`]'s request.
@@ -218,8 +221,12 @@ impl Runtime {
         std::thread::Builder::new()
             .name("evchan-rt".into())
             .spawn(move || {
-                run(rxs, &weak, &ready_tx, &removal);
+                let mut trimmer = trim::Trimmer::new();
+                run(rxs, &weak, &ready_tx, &removal, &mut trimmer);
                 removal::let_go(&removal);
+                if let Some(t) = trimmer {
+                    t.at_end();
+                }
             })?;
         match ready_rx.recv() {
             Ok(Ok(())) => Ok(rt),
@@ -259,6 +266,7 @@ fn run(
     rt: &Weak<Runtime>,
     ready: &std::sync::mpsc::Sender<Result<()>>,
     removal: &Arc<removal::Removal>,
+    trimmer: &mut Option<trim::Trimmer>,
 ) {
     // Declaration order is the reverse of drop order: event channels last (their ids are gone
     // by then), PDs before their contexts (which the PDs hold too).
@@ -273,6 +281,7 @@ fn run(
     if ready.send(Ok(())).is_err() {
         return;
     }
+    let trims = trimmer.is_some();
     let (peer_txs, peer_rxs): (Vec<_>, Vec<_>) =
         (0..rxs.len()).map(|_| mpsc::unbounded_channel()).unzip();
     std::thread::scope(|scope| {
@@ -289,7 +298,12 @@ fn run(
             };
             let spawned = std::thread::Builder::new()
                 .name(format!("evchan-shard-{k}"))
-                .spawn_scoped(scope, move || shard::run(env, rx, peer_rx));
+                .spawn_scoped(scope, move || {
+                    shard::run(env, rx, peer_rx);
+                    if trims {
+                        trim::nudge_arena();
+                    }
+                });
             match spawned {
                 Ok(t) => threads.push(t),
                 Err(e) => tracing::error!("evchan: cannot start shard {k}: {e}"),
@@ -297,7 +311,7 @@ fn run(
         }
         drop(peer_txs);
         let contexts: Vec<&Context> = pds.iter().map(|pd| &**pd.context()).collect();
-        removal::watch(&threads, &names, &contexts, rt, removal);
+        removal::watch(&threads, &names, &contexts, rt, removal, trimmer);
     });
     removal.opened(&names);
     // Every connection's objects went with it (the shards released them all). Dropped now:

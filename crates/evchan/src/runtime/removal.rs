@@ -110,16 +110,17 @@ impl Runtime {
             .filter(|rt| rt.removal.retire(None))
             .collect();
         if mine {
-            self.tell_shards();
+            self.tell_shards(&|| Cmd::DeviceRemoved);
         }
         for rt in others {
-            rt.tell_shards();
+            rt.tell_shards(&|| Cmd::DeviceRemoved);
         }
     }
 
-    fn tell_shards(&self) {
+    /// Sends `cmd()` to each of its shards (one that has ended does not need it).
+    pub(super) fn tell_shards(&self, cmd: &dyn Fn() -> Cmd) {
         for shard in &self.shards {
-            let _ = shard.send(Cmd::DeviceRemoved);
+            let _ = shard.send(cmd());
         }
     }
 }
@@ -212,15 +213,18 @@ pub(super) fn watch<T>(
     contexts: &[&Context],
     rt: &std::sync::Weak<Runtime>,
     removal: &Removal,
+    trimmer: &mut Option<super::trim::Trimmer>,
 ) {
-    let mut trimmer = super::trim::Trimmer::new();
     while !shards
         .iter()
         .all(std::thread::ScopedJoinHandle::is_finished)
     {
         std::thread::sleep(WATCH_INTERVAL);
-        if let Some(t) = &mut trimmer {
-            t.tick();
+        if trimmer.as_mut().is_some_and(super::trim::Trimmer::tick) {
+            if let Some(rt) = rt.upgrade() {
+                rt.tell_shards(&|| Cmd::NudgeArena);
+            }
+            super::trim::nudge_arena();
         }
         crate::wire::trim_pools();
         if removal.is_retired() {

@@ -7,8 +7,13 @@
 //! connections had closed, a process measured 15 MiB above where it started. So each runtime's
 //! thread, which looks at its devices every 50 ms anyway, calls `malloc_trim(0)` once
 //! connections with a data path were released in the process ([`TRIM_AFTER`] or more since its
-//! last trim) and none for [`QUIET`] (to within one look): once per burst and runtime (a
-//! process has a runtime per `Config::shards` value in use), off every connection's path.
+//! last trim) and none for [`QUIET`] (to within one look), and once more as the runtime ends
+//! (its last handle gone: a client whose connections all closed), after its objects are freed,
+//! when that many were released since: once per burst and runtime (a process has a runtime
+//! per `Config::shards` value in use), off every connection's path. After each trim, the
+//! runtime's threads give their own arenas' free tops back too ([`nudge_arena`]), which
+//! `malloc_trim` does not. (The threads of the application's tokio runtime keep theirs: what
+//! their tasks freed comes back to the system only when glibc trims on its own.)
 //! Under slow churn it trims about every [`TRIM_AFTER`] releases that a second's pause
 //! follows. `malloc_trim` holds each arena's lock while it walks it: an application with a
 //! large heap that cannot afford that pause turns it off with `EVCHAN_MALLOC_TRIM=0` in the
@@ -33,6 +38,26 @@ pub(crate) fn shrink_if_sparse<K: Eq + std::hash::Hash, V, S: std::hash::BuildHa
     if map.capacity() > 64 && map.len() < map.capacity() / 8 {
         map.shrink_to_fit();
     }
+}
+
+/// What [`nudge_arena`] allocates: at least glibc's `FASTBIN_CONSOLIDATION_THRESHOLD` (64 KiB),
+/// below its smallest `mmap` threshold (128 KiB), so that it comes from the thread's arena.
+const NUDGE_BYTES: usize = 96 * 1024;
+
+/// Gives the free top of the calling thread's malloc arena back to the system, as a thread
+/// ends. `malloc_trim` does not: it returns the free chunks of every arena and the main
+/// arena's top, but leaves the top of each thread's arena (glibc's `mtrim`), and a thread's
+/// arena trims its top only when a free of 64 KiB or more comes back to it (`_int_free` calls
+/// `heap_trim`), which the many small frees of a connection's objects never are. A shard
+/// thread's arena held most of what a client kept after a burst (several MiB each). So each
+/// of this crate's threads frees one such allocation after a trim: a shard thread on the
+/// runtime thread's word ([`Cmd::NudgeArena`](super::Cmd::NudgeArena)) and as it ends, the
+/// runtime thread after its own trims. (glibc trims such a top only when it is at least its
+/// trim threshold, which frees of large mappings raise: 128 KiB at first, up to twice the
+/// largest mapped allocation freed so far.) Elsewhere than glibc, it is an allocation and a
+/// free.
+pub(super) fn nudge_arena() {
+    drop(std::hint::black_box(Vec::<u8>::with_capacity(NUDGE_BYTES)));
 }
 
 /// A connection was released (its objects are gone).
@@ -61,21 +86,36 @@ impl Trimmer {
         })
     }
 
-    /// Looks at the releases, and trims when due (see the module's docs).
-    pub(super) fn tick(&mut self) {
+    /// Looks at the releases, and trims when due (see the module's docs); whether it did.
+    pub(super) fn tick(&mut self) -> bool {
         let n = RELEASED.load(Ordering::Relaxed);
         if n != self.seen {
             self.seen = n;
             self.changed = Instant::now();
-            return;
+            return false;
         }
-        if n.wrapping_sub(self.trimmed) >= TRIM_AFTER && self.changed.elapsed() >= QUIET {
-            self.trimmed = n;
-            let trimmed = evchan_sys::malloc_trim();
-            tracing::debug!(
-                trimmed,
-                "malloc_trim after {TRIM_AFTER}+ connections released"
-            );
+        self.changed.elapsed() >= QUIET && self.trim_if_due(n)
+    }
+
+    /// The runtime has ended (its last handle went, its threads are done and its objects
+    /// freed): trims when [`TRIM_AFTER`] or more releases came since the last trim, without
+    /// waiting for [`QUIET`], since this thread does not look again.
+    pub(super) fn at_end(mut self) {
+        if self.trim_if_due(RELEASED.load(Ordering::Relaxed)) {
+            nudge_arena();
         }
+    }
+
+    fn trim_if_due(&mut self, n: u64) -> bool {
+        if n.wrapping_sub(self.trimmed) < TRIM_AFTER {
+            return false;
+        }
+        self.trimmed = n;
+        let trimmed = evchan_sys::malloc_trim();
+        tracing::debug!(
+            trimmed,
+            "malloc_trim after {TRIM_AFTER}+ connections released"
+        );
+        true
     }
 }

@@ -54,7 +54,7 @@ impl<'s> Shard<'s> {
         c.active = true;
         c.key = Some(key);
         self.by_key.insert(key, conn);
-        self.conns.insert(conn, c);
+        self.conns.insert(conn, Box::new(c));
     }
 
     pub(super) fn listen(
@@ -340,7 +340,7 @@ impl<'s> Shard<'s> {
         c.local_addr = local_addr;
         c.key = Some(key);
         self.by_key.insert(key, m.conn);
-        self.conns.insert(m.conn, c);
+        self.conns.insert(m.conn, Box::new(c));
     }
 
     fn on_disconnected(&mut self, conn: ConnId, removed: bool) {

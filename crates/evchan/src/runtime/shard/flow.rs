@@ -23,7 +23,7 @@ const SHARD_LOOK: Duration = Duration::from_millis(10);
 const SHARD_LOOK_MAX: Duration = Duration::from_millis(200);
 
 impl<'s> Shard<'s> {
-    pub(super) fn remove(&mut self, conn: ConnId) -> Option<Conn<'s>> {
+    pub(super) fn remove(&mut self, conn: ConnId) -> Option<Box<Conn<'s>>> {
         let c = self.conns.remove(&conn)?;
         // (Its key, even when a failed setup step dropped the id; an entry another
         // connection's id took since stays.)
@@ -40,7 +40,7 @@ impl<'s> Shard<'s> {
     /// Destroys a removed connection: the id (and its QP) first, then its data path's
     /// objects (its halves then see the end, `why` unless they saw another first); the close
     /// waiters are answered.
-    pub(super) fn release(&mut self, mut c: Conn<'s>, why: Lost) {
+    pub(super) fn release(&mut self, mut c: Box<Conn<'s>>, why: Lost) {
         c.id = IdState::Gone;
         if let Some(wire) = c.wire.take() {
             wire.release(why);
