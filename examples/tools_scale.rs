@@ -395,8 +395,9 @@ async fn one(addr: SocketAddr, deadline: Instant) -> Result<Connection, Error> {
 async fn client(addr: SocketAddr, a: &Args) -> Result<(), Error> {
     let asked = a.connections.expect("checked by parse_args");
     let deadline = Instant::now() + Duration::from_secs(600);
-    // One connection first, closed: the runtime's own cost (its threads, the device's
-    // context) is then in the figures from before the burst.
+    // One connection first, closed, and its runtime ended: what evchan leaves in a process
+    // once its runtime ended is in the figures from before the burst, as it is in those
+    // from after (the burst's runtime ends with its last connection).
     one(addr, deadline).await?.close().await?;
     runtime_gone().await;
     let (rss_before, fds_before) = (rss_kib(), fds());

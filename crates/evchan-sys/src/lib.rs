@@ -113,6 +113,32 @@ pub fn malloc_trim() -> bool {
     unsafe { libc::malloc_trim(0) == 1 }
 }
 
+/// Bytes [`free_arena_top`] allocates: glibc's `FASTBIN_CONSOLIDATION_THRESHOLD` (64 KiB) and
+/// more, below its default `mmap` threshold (128 KiB).
+const ARENA_TOP_BYTES: usize = 96 * 1024;
+
+/// Lets glibc give the free top of the calling thread's malloc arena back to the kernel, which
+/// [`malloc_trim`] does not do for any arena but the main one (it gives back the free chunks
+/// of every arena, and the main arena's top). It `malloc`s and `free`s 96 KiB on this thread:
+/// a `free` of 64 KiB or more makes glibc consolidate the arena's small free chunks and trim
+/// its top (`heap_trim`), if the top is at least the trim threshold (128 KiB at first; glibc
+/// raises it when a mapped allocation is freed, to twice its size, up to 64 MiB) and beyond the
+/// top pad it keeps. Through `libc::malloc`, so that a Rust `#[global_allocator]` other than
+/// the system's does not take it. Where `mallopt` or `GLIBC_TUNABLES` set the `mmap`
+/// threshold below 96 KiB, the allocation is a mapping of its own and nothing else happens.
+///
+/// # References
+/// `malloc(3)`, `mallopt(3)` (`M_TRIM_THRESHOLD`, `M_MMAP_THRESHOLD`, `M_TOP_PAD`); glibc's
+/// `_int_free` and `heap_trim` (malloc/malloc.c, malloc/arena.c).
+pub fn free_arena_top() {
+    // SAFETY: `malloc` takes a size and returns a pointer or null, which nothing reads or
+    // writes.
+    let p = unsafe { libc::malloc(ARENA_TOP_BYTES) };
+    // SAFETY: `p` came from `malloc` above and is freed once, here; `black_box` keeps the
+    // pair from being optimised away and returns `p` unchanged; `free(NULL)` is a no-op.
+    unsafe { libc::free(std::hint::black_box(p)) };
+}
+
 /// `setrlimit(RLIMIT_NOFILE)`: raises this process's soft limit of open descriptors to its
 /// hard limit, and returns the new soft limit. An evchan connection holds no descriptor of its
 /// own (a shard's connections share its completion channel: two descriptors per shard and

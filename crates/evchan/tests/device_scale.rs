@@ -8,9 +8,10 @@
 //!   must be exactly those after round 1, and its RSS within [`RSS_TOLERANCE_KIB`] of it. A
 //!   round fails as hung once nothing has moved on any connection for 30 s ([`watchdog`]),
 //!   printing what the ends still exchanging were at.
-//! - [`a_thousand_connections_cost_what_they_hold_and_give_it_back`]: 1,000 connections with
-//!   the default `Config`, open at once: resident memory and descriptors per connection while
-//!   open, and the memory given back once they closed, without the test trimming the allocator.
+//! - [`a_burst_costs_what_it_holds_and_its_memory_comes_back_as_the_runtime_ends`] and
+//!   [`a_thousand_connections_need_no_descriptors_and_give_their_memory_back`]: 1,000
+//!   connections open at once, what each costs, and the memory given back once they closed
+//!   (as evchan's runtime ends, and while it runs on), without the test trimming the allocator.
 //! - `dropped_*_leaves_no_rdma_resources`: a `Connection`, a half, or the `Listener` dropped
 //!   mid-flight; once the runtime has shut down, `rdma resource show` lists no cm_id, QP, CQ
 //!   or MR of this process and no PD but librdmacm's own one per device (see
@@ -375,100 +376,6 @@ fn many_connections_three_rounds_without_growth() {
             after.iter().map(|a| a.1).collect::<Vec<_>>()
         );
     }
-}
-
-/// Connections of [`a_thousand_connections_cost_what_they_hold_and_give_it_back`].
-const THOUSAND: u32 = 1000;
-/// The most resident memory one connection end may add with the defaults (4 KiB messages),
-/// after one echo, both ends in this process (with the server's echo task), in a debug build.
-/// Measured in the VM: 69 or 70 KiB in 8 runs; before the shared pools and channels, a
-/// connection end cost about 200 KiB.
-const KIB_PER_END: u64 = 80;
-/// The most resident memory the process may keep 3 s after a burst of [`THOUSAND`]
-/// connections closed, over what it had before. Measured in the VM (KiB): 2,304 to 3,712 in
-/// 8 runs; with the runtime's trims off (`EVCHAN_MALLOC_TRIM=0`, which is what the runtime
-/// did as it ended before it trimmed then), 8,052 and 11,764.
-const KEPT_KIB: u64 = 6144;
-
-/// 1,000 connections with the default `Config` to one listener in this process, 64 connects
-/// in flight, each echoing one 64-byte message, all held open; then all closed, the listener
-/// dropped, and evchan's runtime gone. Checks the cost of a connection end while they are
-/// open (resident memory, [`KIB_PER_END`]; descriptors, at most 0.01 per connection beyond
-/// what the runtime had with one open), and that the process gives its memory back without
-/// calling `malloc_trim` itself: 3 s after, its RSS is within [`KEPT_KIB`] of before the
-/// burst (without huge pages: [`support::no_huge_pages`]).
-#[test]
-fn a_thousand_connections_cost_what_they_hold_and_give_it_back() {
-    require_device!();
-    support::init_log();
-    support::no_huge_pages();
-    wait_runtime_gone();
-    let rss_before = rss_kib();
-    let mut open = (0u64, 0usize, 0usize);
-    in_fresh_runtime(async {
-        let config = Config::new().backlog(THOUSAND);
-        let server = support::echo_server(v4(port(8)), config.clone()).await;
-        let connect = || async {
-            let mut conn = step(
-                "connect",
-                Connection::builder()
-                    .config(Config::new())
-                    .connect(v4(port(8))),
-            )
-            .await
-            .unwrap();
-            step("send", conn.send(Bytes::from_static(&[7; 64])))
-                .await
-                .unwrap();
-            let back = step("recv", conn.recv()).await.unwrap();
-            assert_eq!(back.as_deref(), Some(&[7u8; 64][..]));
-            conn
-        };
-        let first = connect().await;
-        let fds_one = fd_count();
-        let mut conns = vec![first];
-        let mut tasks = tokio::task::JoinSet::new();
-        let mut started = 1;
-        while conns.len() < THOUSAND as usize {
-            if started < THOUSAND && tasks.len() < 64 {
-                started += 1;
-                tasks.spawn(connect());
-                continue;
-            }
-            conns.push(tasks.join_next().await.unwrap().unwrap());
-        }
-        open = (rss_kib(), fd_count(), fds_one);
-        let mut closes = tokio::task::JoinSet::new();
-        for conn in conns {
-            closes.spawn(conn.close());
-        }
-        while let Some(r) = closes.join_next().await {
-            step("close", async { r.unwrap() }).await.unwrap();
-        }
-        server.abort();
-    });
-    std::thread::sleep(Duration::from_secs(3));
-    let rss_after = rss_kib();
-    let (rss_open, fds_open, fds_one) = open;
-    let per_end = rss_open.saturating_sub(rss_before) / (2 * u64::from(THOUSAND));
-    eprintln!(
-        "RSS before {rss_before} KiB, {THOUSAND} open {rss_open} KiB ({per_end} KiB per end), \
-         3 s after {rss_after} KiB; descriptors with one open {fds_one}, with all {fds_open}"
-    );
-    assert!(
-        per_end <= KIB_PER_END,
-        "{per_end} KiB per connection end, more than {KIB_PER_END}"
-    );
-    assert!(
-        fds_open <= fds_one + THOUSAND as usize / 100,
-        "{fds_open} descriptors with {THOUSAND} connections open, {fds_one} with one"
-    );
-    assert!(
-        rss_after <= rss_before + KEPT_KIB,
-        "RSS {rss_after} KiB 3 s after the burst closed, {rss_before} KiB before: kept {} KiB, \
-         more than {KEPT_KIB}",
-        rss_after - rss_before
-    );
 }
 
 /// librdmacm's own PD. librdmacm allocates one PD per device when the first id binds to it;
@@ -915,6 +822,89 @@ fn a_thousand_connections_need_no_descriptors_and_give_their_memory_back() {
         );
         server.abort();
     });
+}
+
+/// The most resident memory one connection end may add with the defaults (4 KiB messages),
+/// after one echo, both ends in this process (with the server's echo task), in a debug build.
+/// Measured in the VM: 69 or 70 KiB in 8 runs; before the shared pools and channels, a
+/// connection end cost about 200 KiB.
+const KIB_PER_END: u64 = 80;
+/// The most resident memory the process may keep once a burst of [`BURST`] connections closed
+/// and evchan's runtime ended, over what it had before evchan's runtime started. Measured in
+/// the VM (KiB): 2,304 to 3,712 in 12 runs; with the runtime's trims off
+/// (`EVCHAN_MALLOC_TRIM=0`: as before the runtime trimmed as it ends), 8,052 to 11,764 in 4.
+const KEPT_KIB: u64 = 6144;
+
+/// A client's shape: [`BURST`] connections with the default `Config`, [`IN_FLIGHT`] connects
+/// at once, each echoing one 64-byte message, all held open, then all closed, so that evchan's
+/// runtime ends with its last connection (the listener is in this process too, and goes with
+/// the test's tokio runtime). Checks the resident memory a connection end adds while they are
+/// open ([`KIB_PER_END`]), and that the process gives the burst's memory back without calling
+/// `malloc_trim` itself: once evchan's runtime has ended, its RSS is within [`KEPT_KIB`] of
+/// what it was before (without huge pages: [`support::no_huge_pages`]). Descriptors are
+/// [`a_thousand_connections_need_no_descriptors_and_give_their_memory_back`]'s part.
+#[test]
+fn a_burst_costs_what_it_holds_and_its_memory_comes_back_as_the_runtime_ends() {
+    require_device!();
+    support::init_log();
+    support::no_huge_pages();
+    wait_runtime_gone();
+    let rss_before = rss_kib();
+    let mut rss_open = 0;
+    in_fresh_runtime(async {
+        let addr = v4(port(8));
+        let server = echo_server(addr, Config::new().backlog(BURST as u32)).await;
+        let connect = || async move {
+            let mut conn = step(
+                "connect",
+                Connection::builder().config(Config::new()).connect(addr),
+            )
+            .await
+            .unwrap();
+            step("send", conn.send(Bytes::from_static(&[7; 64])))
+                .await
+                .unwrap();
+            let back = step("recv", conn.recv()).await.unwrap();
+            assert_eq!(back.as_deref(), Some(&[7u8; 64][..]));
+            conn
+        };
+        let mut conns = Vec::with_capacity(BURST);
+        let mut tasks = tokio::task::JoinSet::new();
+        while conns.len() < BURST {
+            if conns.len() + tasks.len() < BURST && tasks.len() < IN_FLIGHT {
+                tasks.spawn(connect());
+                continue;
+            }
+            conns.push(tasks.join_next().await.unwrap().unwrap());
+        }
+        rss_open = rss_kib();
+        let mut closes = tokio::task::JoinSet::new();
+        for conn in conns {
+            closes.spawn(async move { step("close", conn.close()).await.unwrap() });
+        }
+        while let Some(r) = closes.join_next().await {
+            r.unwrap();
+        }
+        server.abort();
+    });
+    // `in_fresh_runtime` returned once evchan's runtime threads were gone: its last trim
+    // is done.
+    let rss_after = rss_kib();
+    let per_end = rss_open.saturating_sub(rss_before) / (2 * BURST as u64);
+    eprintln!(
+        "RSS before {rss_before} KiB, {BURST} open {rss_open} KiB ({per_end} KiB per end), \
+         after {rss_after} KiB"
+    );
+    assert!(
+        per_end <= KIB_PER_END,
+        "{per_end} KiB per connection end, more than {KIB_PER_END}"
+    );
+    assert!(
+        rss_after <= rss_before + KEPT_KIB,
+        "RSS {rss_after} KiB once the burst closed and the runtime ended, {rss_before} KiB \
+         before: kept {} KiB, more than {KEPT_KIB}",
+        rss_after - rss_before
+    );
 }
 
 /// Connections of [`one_of_a_hundred_lost_mid_traffic_disturbs_no_other`].

@@ -257,8 +257,12 @@ fn section(r: &Results, took: Duration) -> String {
          last echo (rejected requests take their part of that time). Memory is resident memory \
          (`VmRSS`): the client's with all its connections open, the server's highest while they \
          were, less its memory before: the client's after one connection opened and closed \
-         (evchan's runtime started), the server's at its start (its listener bound); \
-         \"after\" is 3 s after the last connection closed.\n\n",
+         and evchan's runtime ended (a client's runtime ends with its last connection), the \
+         server's at its start (its listener bound); \"after\" is 3 s after the last \
+         connection closed. The VMs run Debian's kernel, whose transparent huge pages are \
+         `always`: khugepaged may fold a range of a malloc arena that was given back but still \
+         has a page in use into one huge page again, up to 2 MiB each, at any time, so a \
+         process's \"after\" moves by megabytes from run to run.\n\n",
     );
     let _ = writeln!(
         s,

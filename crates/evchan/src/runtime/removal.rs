@@ -224,7 +224,6 @@ pub(super) fn watch<T>(
             if let Some(rt) = rt.upgrade() {
                 rt.tell_shards(&|| Cmd::NudgeArena);
             }
-            super::trim::nudge_arena();
         }
         crate::wire::trim_pools();
         if removal.is_retired() {

@@ -100,10 +100,11 @@ struct Listening<'s> {
 struct Shard<'s> {
     env: Env<'s>,
     channel: &'s EventChannel,
-    /// Boxed: the table stays small (16 bytes a connection). A table of the connections
-    /// themselves measured megabytes at thousands of connections; glibc serves such a table
-    /// with a mapping of its own, and freeing it raises its trim threshold for good, past which
-    /// a thread's arena keeps its free memory (see `trim::nudge_arena`).
+    /// Boxed: the table holds a pointer per connection. A table of the connections themselves
+    /// grows to megabytes at thousands of connections; glibc serves such a table with a
+    /// mapping of its own, and freeing it (as it grows or shrinks) raises glibc's trim
+    /// threshold to twice its size for good, below which a thread's arena keeps a free top
+    /// (see `evchan_sys::free_arena_top`).
     conns: IntMap<ConnId, Box<Conn<'s>>>,
     by_key: IntMap<IdKey, ConnId>,
     listeners: IntMap<ConnId, Listening<'s>>,

@@ -13,11 +13,14 @@
 //! per `Config::shards` value in use), off every connection's path. After each trim, the
 //! runtime's threads give their own arenas' free tops back too ([`nudge_arena`]), which
 //! `malloc_trim` does not. (The threads of the application's tokio runtime keep theirs: what
-//! their tasks freed comes back to the system only when glibc trims on its own.)
+//! their tasks freed comes back to the system only when glibc trims on its own. And where
+//! transparent huge pages are `always`, khugepaged may fold a trimmed range of an arena that
+//! still has a page in use into one huge page again, up to 2 MiB each.)
 //! Under slow churn it trims about every [`TRIM_AFTER`] releases that a second's pause
 //! follows. `malloc_trim` holds each arena's lock while it walks it: an application with a
-//! large heap that cannot afford that pause turns it off with `EVCHAN_MALLOC_TRIM=0` in the
-//! environment (read when the runtime starts).
+//! large heap that cannot afford that pause turns the trims (and the arenas' tops given back
+//! with them) off with `EVCHAN_MALLOC_TRIM=0` in the environment (read when the runtime
+//! starts).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -40,24 +43,16 @@ pub(crate) fn shrink_if_sparse<K: Eq + std::hash::Hash, V, S: std::hash::BuildHa
     }
 }
 
-/// What [`nudge_arena`] allocates: at least glibc's `FASTBIN_CONSOLIDATION_THRESHOLD` (64 KiB),
-/// below its smallest `mmap` threshold (128 KiB), so that it comes from the thread's arena.
-const NUDGE_BYTES: usize = 96 * 1024;
-
-/// Gives the free top of the calling thread's malloc arena back to the system, as a thread
-/// ends. `malloc_trim` does not: it returns the free chunks of every arena and the main
-/// arena's top, but leaves the top of each thread's arena (glibc's `mtrim`), and a thread's
-/// arena trims its top only when a free of 64 KiB or more comes back to it (`_int_free` calls
-/// `heap_trim`), which the many small frees of a connection's objects never are. A shard
-/// thread's arena held most of what a client kept after a burst (several MiB each). So each
-/// of this crate's threads frees one such allocation after a trim: a shard thread on the
-/// runtime thread's word ([`Cmd::NudgeArena`](super::Cmd::NudgeArena)) and as it ends, the
-/// runtime thread after its own trims. (glibc trims such a top only when it is at least its
-/// trim threshold, which frees of large mappings raise: 128 KiB at first, up to twice the
-/// largest mapped allocation freed so far.) Elsewhere than glibc, it is an allocation and a
-/// free.
+/// Gives the free top of the calling thread's malloc arena back to the system
+/// ([`evchan_sys::free_arena_top`]), which `malloc_trim` does not. Called on each of the
+/// runtime's threads after each trim (a shard thread on the runtime thread's word,
+/// [`Cmd::NudgeArena`](super::Cmd::NudgeArena)) and by a shard thread as it ends. A shard
+/// thread's arena held most of what a client kept after a burst (several MiB each): its many
+/// small frees had raised no trim of the top, or `malloc_trim`'s own consolidation had merged
+/// them into the top without one. (The chunks a thread's cache gives back as the thread exits
+/// come after its last call.)
 pub(super) fn nudge_arena() {
-    drop(std::hint::black_box(Vec::<u8>::with_capacity(NUDGE_BYTES)));
+    evchan_sys::free_arena_top();
 }
 
 /// A connection was released (its objects are gone).
@@ -98,11 +93,13 @@ impl Trimmer {
     }
 
     /// The runtime has ended (its last handle went, its threads are done and its objects
-    /// freed): trims when [`TRIM_AFTER`] or more releases came since the last trim, without
-    /// waiting for [`QUIET`], since this thread does not look again.
+    /// freed): trims when any release came since the last trim (the teardown freed the
+    /// runtime's own objects too), without waiting for [`QUIET`], since this thread does not
+    /// look again.
     pub(super) fn at_end(mut self) {
-        if self.trim_if_due(RELEASED.load(Ordering::Relaxed)) {
-            nudge_arena();
+        let n = RELEASED.load(Ordering::Relaxed);
+        if n != self.trimmed {
+            self.trim(n);
         }
     }
 
@@ -110,12 +107,20 @@ impl Trimmer {
         if n.wrapping_sub(self.trimmed) < TRIM_AFTER {
             return false;
         }
+        self.trim(n);
+        true
+    }
+
+    /// `malloc_trim`, then this thread's arena's top ([`nudge_arena`]).
+    fn trim(&mut self, n: u64) {
+        let released = n.wrapping_sub(self.trimmed);
         self.trimmed = n;
         let trimmed = evchan_sys::malloc_trim();
+        nudge_arena();
         tracing::debug!(
             trimmed,
-            "malloc_trim after {TRIM_AFTER}+ connections released"
+            released,
+            "malloc_trim after connections were released"
         );
-        true
     }
 }
