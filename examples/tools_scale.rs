@@ -15,7 +15,8 @@
 //! - The server echoes each connection's messages until the peer closes. Every 200 ms it
 //!   samples its resident memory (`VmRSS`) and open descriptors; once its connections have
 //!   all gone for `--settle-ms` (default 3,000) after a burst of at least 100, it prints
-//!   `@tools scale-server peak=N rss_before_kib= rss_peak_kib= rss_after_kib= fds_before=
+//!   `@tools scale-server peak=N rss_before_kib= rss_peak_kib= rss_after_kib=
+//!   anon_huge_after_kib= fds_before=
 //!   fds_peak= fds_after=` (before: at the server's start, its listener bound). While connections
 //!   are open, each sample whose count changed is a line `@tools scale-sample side=server
 //!   open=N rss_kib=X`.
@@ -231,6 +232,7 @@ fn sample_server(open: &AtomicUsize, settle: Duration) {
                         ("rss_before_kib", b.rss_before.to_string()),
                         ("rss_peak_kib", b.rss_peak.to_string()),
                         ("rss_after_kib", rss.to_string()),
+                        ("anon_huge_after_kib", anon_huge_kib().to_string()),
                         ("fds_before", b.fds_before.to_string()),
                         ("fds_peak", b.fds_peak.to_string()),
                         ("fds_after", fd.to_string()),

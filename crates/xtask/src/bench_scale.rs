@@ -210,6 +210,8 @@ struct Cost {
     fds: f64,
     before: f64,
     after: f64,
+    /// KiB of `after` in transparent huge pages (`NaN` when the line does not say).
+    huge: f64,
 }
 
 /// A side's [`Cost`] from its result line: `n` connections, and its fields of memory and
@@ -222,6 +224,7 @@ fn cost(f: &Fields, n: &str, rss: &str, fds: &str) -> Cost {
         fds: (num(f, fds) - num(f, "fds_before")) / n,
         before: num(f, "rss_before_kib"),
         after: num(f, "rss_after_kib"),
+        huge: num(f, "anon_huge_after_kib"),
     }
 }
 
@@ -233,10 +236,15 @@ fn server_cost(s: &Fields) -> Cost {
     cost(s, "peak", "rss_peak_kib", "fds_peak")
 }
 
-/// `before → after MiB (+x %)`.
+/// `before → after MiB (+x %)`, and `; y MiB huge pages` when some of `after` is.
 fn after(c: &Cost) -> String {
+    let huge = if c.huge > 0.0 {
+        format!("; {} MiB huge pages", fmt(c.huge / 1024.0, 1))
+    } else {
+        String::new()
+    };
     format!(
-        "{} → {} MiB ({:+.0} %)",
+        "{} → {} MiB ({:+.0} %{huge})",
         fmt(c.before / 1024.0, 1),
         fmt(c.after / 1024.0, 1),
         (c.after / c.before - 1.0) * 100.0
@@ -259,10 +267,10 @@ fn section(r: &Results, took: Duration) -> String {
          were, less its memory before: the client's after one connection opened and closed \
          and evchan's runtime ended (a client's runtime ends with its last connection), the \
          server's at its start (its listener bound); \"after\" is 3 s after the last \
-         connection closed. The VMs run Debian's kernel, whose transparent huge pages are \
-         `always`: khugepaged may fold a range of a malloc arena that was given back but still \
-         has a page in use into one huge page again, up to 2 MiB each, at any time, so a \
-         process's \"after\" moves by megabytes from run to run.\n\n",
+         connection closed, with the part of it in transparent huge pages. The VMs run Debian's \
+         kernel, whose huge pages are `always`: khugepaged may fold a range of a malloc arena \
+         that was given back but still has a page in use into one huge page again, up to 2 MiB \
+         each, at any time, so a process's \"after\" moves by megabytes from run to run.\n\n",
     );
     let _ = writeln!(
         s,
@@ -481,7 +489,7 @@ mod tests {
              stopped=0 setup_s=2 rate_per_s=500.0 close_s=1 rss_before_kib=2000 \
              rss_open_kib=202000 rss_after_kib=2100 fds_before=8 fds_open=18 fds_after=8",
             "[a] @tools scale-server peak=1000 rss_before_kib=3000 rss_peak_kib=103000 \
-             rss_after_kib=6000 fds_before=15 fds_peak=16 fds_after=15",
+             rss_after_kib=6000 anon_huge_after_kib=2048 fds_before=15 fds_peak=16 fds_after=15",
             "[b] @@scale step=2000",
             "[b] @@scale failed: tools_scale 2000",
         ] {
@@ -497,6 +505,8 @@ mod tests {
         assert_eq!((c.kib, c.fds), (200.0, 0.01));
         let s = server_cost(st.server.as_ref().unwrap());
         assert_eq!((s.kib, s.fds), (100.0, 0.001));
+        assert_eq!(after(&s), "2.9 → 5.9 MiB (+100 %; 2.0 MiB huge pages)");
+        assert_eq!(after(&c), "2.0 → 2.1 MiB (+5 %)");
         assert!(r.steps[1].server.is_none());
         let text = section(&r, Duration::from_secs(60));
         assert!(
