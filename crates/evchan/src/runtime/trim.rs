@@ -9,7 +9,7 @@
 //! connections with a data path were released in the process ([`TRIM_AFTER`] or more since its
 //! last trim) and none for [`QUIET`] (to within one look), and once more as the runtime ends
 //! (its last handle gone: a client whose connections all closed), after its objects are freed,
-//! when that many were released since: once per burst and runtime (a process has a runtime
+//! when that many were released while it ran: once per burst and runtime (a process has a runtime
 //! per `Config::shards` value in use), off every connection's path. After each trim, the
 //! runtime's threads give their own arenas' free tops back too ([`nudge_arena`]), which
 //! `malloc_trim` does not. (The threads of the application's tokio runtime keep theirs: what
@@ -62,6 +62,8 @@ pub(super) fn released() {
 
 /// One runtime thread's view of the releases.
 pub(super) struct Trimmer {
+    /// The releases counted when the runtime started.
+    started: u64,
     seen: u64,
     trimmed: u64,
     changed: Instant,
@@ -75,6 +77,7 @@ impl Trimmer {
         }
         let n = RELEASED.load(Ordering::Relaxed);
         Some(Self {
+            started: n,
             seen: n,
             trimmed: n,
             changed: Instant::now(),
@@ -93,12 +96,14 @@ impl Trimmer {
     }
 
     /// The runtime has ended (its last handle went, its threads are done and its objects
-    /// freed): trims when any release came since the last trim (the teardown freed the
-    /// runtime's own objects too), without waiting for [`QUIET`], since this thread does not
-    /// look again.
+    /// freed): trims, without waiting for [`QUIET`] since this thread does not look again,
+    /// when [`TRIM_AFTER`] or more releases came while it ran and any since its last trim (one
+    /// that came mid-close leaves the rest of the burst and the runtime's own objects). A
+    /// client that opens and closes one connection at a time, its runtime ending with each,
+    /// does not trim each time.
     pub(super) fn at_end(mut self) {
         let n = RELEASED.load(Ordering::Relaxed);
-        if n != self.trimmed {
+        if n.wrapping_sub(self.started) >= TRIM_AFTER && n != self.trimmed {
             self.trim(n);
         }
     }
@@ -115,6 +120,8 @@ impl Trimmer {
     fn trim(&mut self, n: u64) {
         let released = n.wrapping_sub(self.trimmed);
         self.trimmed = n;
+        #[cfg(test)]
+        TRIMS.fetch_add(1, Ordering::Relaxed);
         let trimmed = evchan_sys::malloc_trim();
         nudge_arena();
         tracing::debug!(
@@ -122,5 +129,55 @@ impl Trimmer {
             released,
             "malloc_trim after connections were released"
         );
+    }
+}
+
+/// Trims made, for the tests.
+#[cfg(test)]
+static TRIMS: AtomicU64 = AtomicU64::new(0);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The one test of this module: `RELEASED` and `TRIMS` are the process's.
+    #[test]
+    fn a_runtime_trims_as_it_ends_after_a_burst_not_after_one_connection() {
+        let trims = || TRIMS.load(Ordering::Relaxed);
+        let before = trims();
+        // One connection, its runtime ending with it: no trim.
+        let t = Trimmer::new().unwrap();
+        released();
+        t.at_end();
+        assert_eq!(trims(), before);
+        // A burst with no quiet second in it: the runtime's end trims.
+        let t = Trimmer::new().unwrap();
+        for _ in 0..TRIM_AFTER {
+            released();
+        }
+        t.at_end();
+        assert_eq!(trims(), before + 1);
+        // A burst trimmed after a quiet second, then a few more releases before the end: the
+        // end trims again; without any since, it does not.
+        let mut t = Trimmer::new().unwrap();
+        for _ in 0..TRIM_AFTER {
+            released();
+        }
+        assert!(!t.tick(), "the first look sees the releases change");
+        t.changed -= QUIET;
+        assert!(t.tick(), "a quiet second after the burst trims");
+        assert_eq!(trims(), before + 2);
+        released();
+        t.at_end();
+        assert_eq!(trims(), before + 3);
+        let mut t = Trimmer::new().unwrap();
+        for _ in 0..TRIM_AFTER {
+            released();
+        }
+        assert!(!t.tick());
+        t.changed -= QUIET;
+        assert!(t.tick());
+        t.at_end();
+        assert_eq!(trims(), before + 4, "nothing released since the last trim");
     }
 }
