@@ -41,12 +41,21 @@ impl Default for Config {
     }
 }
 
+/// The CPUs available to the process, asked the first time (a `Config` is often made per
+/// connect; the answer costs system calls and file reads each time).
+fn default_shards() -> usize {
+    static SHARDS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *SHARDS.get_or_init(|| std::thread::available_parallelism().map_or(1, usize::from))
+}
+
 impl Config {
     /// The defaults: 4 KiB messages, 16 receives and 16 sends in flight per connection, 2 s to
     /// resolve the address and the route each, 10 s to connect, a backlog of 128, no limit on
     /// a listener's connections (`max_connections`) nor on their memory (`memory_budget`), one
-    /// event-channel shard per available CPU, no busy poll, a keepalive after 15 s without a
-    /// completion, 6 transport retries.
+    /// event-channel shard per CPU available to the process when a `Config` was first made
+    /// (`std::thread::available_parallelism`, asked once: it reads the affinity and the
+    /// cgroup's CPU quota, about ten system calls), no busy poll, a keepalive after 15 s
+    /// without a completion, 6 transport retries.
     #[must_use]
     pub fn new() -> Self {
         Self {
@@ -58,7 +67,7 @@ impl Config {
             addr_timeout: Duration::from_secs(2),
             route_timeout: Duration::from_secs(2),
             connect_timeout: Duration::from_secs(10),
-            shards: std::thread::available_parallelism().map_or(1, usize::from),
+            shards: default_shards(),
             backlog: 128,
             max_connections: u32::MAX,
             memory_budget: u64::MAX,
