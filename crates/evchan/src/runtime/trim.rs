@@ -9,7 +9,8 @@
 //! connections with a data path were released in the process ([`TRIM_AFTER`] or more since its
 //! last trim) and none for [`QUIET`] (to within one look), and once more as the runtime ends
 //! (its last handle gone: a client whose connections all closed), after its objects are freed,
-//! when that many were released while it ran: once per burst and runtime (a process has a runtime
+//! when that many were released while it ran and any since its last trim: once per burst and
+//! runtime (a process has a runtime
 //! per `Config::shards` value in use), off every connection's path. After each trim, the
 //! runtime's threads give their own arenas' free tops back too ([`nudge_arena`]), which
 //! `malloc_trim` does not. (The threads of the application's tokio runtime keep theirs: what
@@ -75,13 +76,18 @@ impl Trimmer {
         if std::env::var_os("EVCHAN_MALLOC_TRIM").is_some_and(|v| v == "0") {
             return None;
         }
+        Some(Self::starting())
+    }
+
+    /// A trimmer from now, whatever the environment says.
+    fn starting() -> Self {
         let n = RELEASED.load(Ordering::Relaxed);
-        Some(Self {
+        Self {
             started: n,
             seen: n,
             trimmed: n,
             changed: Instant::now(),
-        })
+        }
     }
 
     /// Looks at the releases, and trims when due (see the module's docs); whether it did.
@@ -146,12 +152,12 @@ mod tests {
         let trims = || TRIMS.load(Ordering::Relaxed);
         let before = trims();
         // One connection, its runtime ending with it: no trim.
-        let t = Trimmer::new().unwrap();
+        let t = Trimmer::starting();
         released();
         t.at_end();
         assert_eq!(trims(), before);
         // A burst with no quiet second in it: the runtime's end trims.
-        let t = Trimmer::new().unwrap();
+        let t = Trimmer::starting();
         for _ in 0..TRIM_AFTER {
             released();
         }
@@ -159,7 +165,7 @@ mod tests {
         assert_eq!(trims(), before + 1);
         // A burst trimmed after a quiet second, then a few more releases before the end: the
         // end trims again; without any since, it does not.
-        let mut t = Trimmer::new().unwrap();
+        let mut t = Trimmer::starting();
         for _ in 0..TRIM_AFTER {
             released();
         }
@@ -170,7 +176,7 @@ mod tests {
         released();
         t.at_end();
         assert_eq!(trims(), before + 3);
-        let mut t = Trimmer::new().unwrap();
+        let mut t = Trimmer::starting();
         for _ in 0..TRIM_AFTER {
             released();
         }
