@@ -716,6 +716,45 @@ const BURST: usize = 1000;
 /// Connects in flight at once in that test.
 const IN_FLIGHT: usize = 64;
 
+/// `n` connections to `addr` with `config`, at most [`IN_FLIGHT`] connects at once, each
+/// echoing one message (its number) before it is kept.
+async fn connect_all(addr: std::net::SocketAddr, config: &Config, n: usize) -> Vec<Connection> {
+    let limit = Arc::new(tokio::sync::Semaphore::new(IN_FLIGHT));
+    let mut set = tokio::task::JoinSet::new();
+    for i in 0..n {
+        let (limit, config) = (limit.clone(), config.clone());
+        set.spawn(async move {
+            let _permit = limit.acquire_owned().await.unwrap();
+            let mut conn = step(
+                "connect",
+                Connection::builder().config(config).connect(addr),
+            )
+            .await
+            .unwrap_or_else(|e| panic!("connection {i}: {e}"));
+            step("send", conn.send(i.to_be_bytes())).await.unwrap();
+            let back = step("recv", conn.recv()).await.unwrap().unwrap();
+            assert_eq!(&back[..], i.to_be_bytes());
+            conn
+        });
+    }
+    let mut conns = Vec::with_capacity(n);
+    while let Some(c) = set.join_next().await {
+        conns.push(c.unwrap());
+    }
+    conns
+}
+
+/// Closes every one of `conns` at once, each within [`STEP`].
+async fn close_all(conns: Vec<Connection>) {
+    let mut set = tokio::task::JoinSet::new();
+    for c in conns {
+        set.spawn(async move { step("close", c.close()).await.unwrap() });
+    }
+    while let Some(r) = set.join_next().await {
+        r.unwrap();
+    }
+}
+
 /// 1,000 connections to one listener in this process (2,000 connection ends, each echoing one
 /// message), all open at once, then all closed:
 /// - descriptors: the process holds at most `BURST / 100` more with all of them open than
@@ -743,50 +782,13 @@ fn a_thousand_connections_need_no_descriptors_and_give_their_memory_back() {
     in_fresh_runtime(async move {
         let addr = v4(port(7));
         let server = echo_server(addr, config.clone()).await;
-        let connect_all = |n: usize| {
-            let config = config.clone();
-            async move {
-                let limit = Arc::new(tokio::sync::Semaphore::new(IN_FLIGHT));
-                let mut set = tokio::task::JoinSet::new();
-                for i in 0..n {
-                    let (limit, config) = (limit.clone(), config.clone());
-                    set.spawn(async move {
-                        let _permit = limit.acquire_owned().await.unwrap();
-                        let mut conn = step(
-                            "connect",
-                            Connection::builder().config(config).connect(addr),
-                        )
-                        .await
-                        .unwrap_or_else(|e| panic!("connection {i}: {e}"));
-                        step("send", conn.send(i.to_be_bytes())).await.unwrap();
-                        let back = step("recv", conn.recv()).await.unwrap().unwrap();
-                        assert_eq!(&back[..], i.to_be_bytes());
-                        conn
-                    });
-                }
-                let mut conns = Vec::with_capacity(n);
-                while let Some(c) = set.join_next().await {
-                    conns.push(c.unwrap());
-                }
-                conns
-            }
-        };
-        let close_all = |conns: Vec<Connection>| async move {
-            let mut set = tokio::task::JoinSet::new();
-            for c in conns {
-                set.spawn(async move { step("close", c.close()).await.unwrap() });
-            }
-            while let Some(r) = set.join_next().await {
-                r.unwrap();
-            }
-        };
         // Warm-up: every shard has met the device, and the allocator its threads.
-        close_all(connect_all(8).await).await;
+        close_all(connect_all(addr, &config, 8).await).await;
         tokio::time::sleep(Duration::from_secs(2)).await;
         let (fds_before, rss_before) = (fd_count(), rss_kib());
 
         let start = Instant::now();
-        let conns = connect_all(BURST).await;
+        let conns = connect_all(addr, &config, BURST).await;
         let setup = start.elapsed();
         let (fds_open, rss_open) = (fd_count(), rss_kib());
         close_all(conns).await;
@@ -836,7 +838,7 @@ const KIB_PER_END: u64 = 80;
 const KEPT_KIB: u64 = 6144;
 
 /// A client's shape: [`BURST`] connections with the default `Config`, [`IN_FLIGHT`] connects
-/// at once, each echoing one 64-byte message, all held open, then all closed, so that evchan's
+/// at once, each echoing one message, all held open, then all closed, so that evchan's
 /// runtime ends with its last connection (the listener is in this process too, and goes with
 /// the test's tokio runtime). Checks the resident memory a connection end adds while they are
 /// open ([`KIB_PER_END`]), and that the process gives the burst's memory back without calling
@@ -854,37 +856,9 @@ fn a_burst_costs_what_it_holds_and_its_memory_comes_back_as_the_runtime_ends() {
     in_fresh_runtime(async {
         let addr = v4(port(8));
         let server = echo_server(addr, Config::new().backlog(BURST as u32)).await;
-        let connect = || async move {
-            let mut conn = step(
-                "connect",
-                Connection::builder().config(Config::new()).connect(addr),
-            )
-            .await
-            .unwrap();
-            step("send", conn.send(Bytes::from_static(&[7; 64])))
-                .await
-                .unwrap();
-            let back = step("recv", conn.recv()).await.unwrap();
-            assert_eq!(back.as_deref(), Some(&[7u8; 64][..]));
-            conn
-        };
-        let mut conns = Vec::with_capacity(BURST);
-        let mut tasks = tokio::task::JoinSet::new();
-        while conns.len() < BURST {
-            if conns.len() + tasks.len() < BURST && tasks.len() < IN_FLIGHT {
-                tasks.spawn(connect());
-                continue;
-            }
-            conns.push(tasks.join_next().await.unwrap().unwrap());
-        }
+        let conns = connect_all(addr, &Config::new(), BURST).await;
         rss_open = rss_kib();
-        let mut closes = tokio::task::JoinSet::new();
-        for conn in conns {
-            closes.spawn(async move { step("close", conn.close()).await.unwrap() });
-        }
-        while let Some(r) = closes.join_next().await {
-            r.unwrap();
-        }
+        close_all(conns).await;
         server.abort();
     });
     // `in_fresh_runtime` returned once evchan's runtime threads were gone: its last trim

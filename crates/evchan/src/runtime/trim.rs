@@ -150,6 +150,7 @@ mod tests {
     #[test]
     fn a_runtime_trims_as_it_ends_after_a_burst_not_after_one_connection() {
         let trims = || TRIMS.load(Ordering::Relaxed);
+        let burst = || (0..TRIM_AFTER).for_each(|_| released());
         let before = trims();
         // One connection, its runtime ending with it: no trim.
         let t = Trimmer::starting();
@@ -158,31 +159,26 @@ mod tests {
         assert_eq!(trims(), before);
         // A burst with no quiet second in it: the runtime's end trims.
         let t = Trimmer::starting();
-        for _ in 0..TRIM_AFTER {
-            released();
-        }
+        burst();
         t.at_end();
         assert_eq!(trims(), before + 1);
-        // A burst trimmed after a quiet second, then a few more releases before the end: the
-        // end trims again; without any since, it does not.
+        // A burst, then a quiet second: the runtime thread's look trims.
+        let quiet_trim = |t: &mut Trimmer| {
+            burst();
+            assert!(!t.tick(), "the first look sees the releases change");
+            t.changed -= QUIET;
+            assert!(t.tick(), "a quiet second after the burst trims");
+        };
+        // Then a few more releases before the end: the end trims again; without any since,
+        // it does not.
         let mut t = Trimmer::starting();
-        for _ in 0..TRIM_AFTER {
-            released();
-        }
-        assert!(!t.tick(), "the first look sees the releases change");
-        t.changed -= QUIET;
-        assert!(t.tick(), "a quiet second after the burst trims");
+        quiet_trim(&mut t);
         assert_eq!(trims(), before + 2);
         released();
         t.at_end();
         assert_eq!(trims(), before + 3);
         let mut t = Trimmer::starting();
-        for _ in 0..TRIM_AFTER {
-            released();
-        }
-        assert!(!t.tick());
-        t.changed -= QUIET;
-        assert!(t.tick());
+        quiet_trim(&mut t);
         t.at_end();
         assert_eq!(trims(), before + 4, "nothing released since the last trim");
     }
